@@ -1,0 +1,402 @@
+//! The LB-BSP balancer: per-rank linear models of compute time, and the batch split that makes all
+//! ranks finish together.
+//!
+//! Each rank `i` is modelled as `t_i(b) = α_i + β_i·b`, fitted online by weighted least squares with
+//! exponential forgetting `λ` over the observed `(b_i, t_i)` of past iterations, with a ridge pull of
+//! `α_i` towards 0 (so that, before `b_i` has varied, the fit is the proportional model
+//! `β_i = t_i/b_i`). A single observation far from the prediction is held back as a possible outlier
+//! (a page fault, a scheduler hiccup); a second one in the same direction means the rank's speed
+//! really changed, so the old history is dropped and the fit restarts from the two new points.
+//!
+//! Given the fits, [`equalize`] chooses integer sizes with `Σ b_i = B` and `lo_i ≤ b_i ≤ hi_i` that
+//! minimise the predicted slowest time: the continuous optimum sets every unconstrained rank to the
+//! same finishing time `T`, found by bisection, and rounding hands the leftover samples one by one
+//! to the ranks whose predicted time grows least. A dead-band keeps the current split unless the new
+//! one is predicted to be faster by more than a set fraction, so noise does not make sizes oscillate.
+//!
+//! Everything here is a pure function of its inputs, so every rank, fed the same gathered
+//! observations, computes bit-identical sizes without a broadcast (f64 arithmetic in a fixed order;
+//! Rust never contracts it into FMAs behind our back).
+
+use crate::error::{Error, Result};
+use crate::shard::equal_split;
+use serde::{Deserialize, Serialize};
+
+/// How batch sizes are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Plain BSP: equal split, never changes.
+    #[default]
+    Bsp,
+    /// LB-BSP: re-fit and re-split before every allreduce.
+    Lbbsp,
+    /// Re-split once per epoch in proportion to each rank's throughput over the last epoch.
+    ProportionalEpoch,
+}
+
+/// The recipe's `[balance]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalanceConfig {
+    pub policy: Policy,
+    /// Smallest batch a rank may get.
+    pub b_min: usize,
+    /// Largest batch a rank may get (e.g. a memory cap); `None` means B.
+    pub b_max: Option<usize>,
+    /// Forgetting factor λ of the least-squares fits (weight of an observation `k` iterations old is λ^k).
+    pub forgetting: f64,
+    /// Ridge strength pulling α towards 0, relative to the total weight of the history.
+    pub ridge: f64,
+    /// Relative deviation from the prediction beyond which an observation is a suspected outlier.
+    pub outlier: f64,
+    /// Keep the current split unless the new one is predicted faster by more than this fraction.
+    pub dead_band: f64,
+    /// Iterations at the start whose timings are ignored (cold caches, lazy page faults).
+    pub warmup_iters: usize,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig {
+            policy: Policy::Bsp,
+            b_min: 1,
+            b_max: None,
+            forgetting: 0.8,
+            ridge: 0.05,
+            outlier: 0.5,
+            dead_band: 0.05,
+            warmup_iters: 1,
+        }
+    }
+}
+
+impl BalanceConfig {
+    /// Checks values that do not depend on the world size.
+    pub fn validate(&self, global_batch: usize) -> Result<()> {
+        if self.b_min == 0 {
+            return Err(Error::config("balance.b_min", "must be at least 1 (a rank with no samples has no speed to measure)"));
+        }
+        if let Some(hi) = self.b_max {
+            if hi < self.b_min {
+                return Err(Error::config("balance.b_max", format!("{hi} is below balance.b_min = {}", self.b_min)));
+            }
+        }
+        if !(self.forgetting > 0.0 && self.forgetting <= 1.0) {
+            return Err(Error::config("balance.forgetting", "must be in (0, 1]"));
+        }
+        if !(self.ridge >= 0.0 && self.outlier > 0.0 && (0.0..1.0).contains(&self.dead_band)) {
+            return Err(Error::config("balance", "ridge must be ≥ 0, outlier > 0 and dead_band in [0, 1)"));
+        }
+        let _ = global_batch;
+        Ok(())
+    }
+
+    /// Per-rank bounds for `world` ranks, or an error naming the fix when no split of `B` exists.
+    pub fn bounds(&self, global_batch: usize, world: usize) -> Result<Vec<(usize, usize)>> {
+        let hi = self.b_max.unwrap_or(global_batch).min(global_batch);
+        if global_batch < self.b_min * world {
+            return Err(Error::config(
+                "train.global_batch",
+                format!(
+                    "B = {global_batch} cannot give each of the {world} ranks at least balance.b_min = {} samples; \
+                     raise train.global_batch to at least {} or run fewer ranks",
+                    self.b_min,
+                    self.b_min * world
+                ),
+            ));
+        }
+        if hi * world < global_batch {
+            return Err(Error::config(
+                "balance.b_max",
+                format!("{world} ranks × b_max {hi} < B = {global_batch}; raise balance.b_max or run more ranks"),
+            ));
+        }
+        Ok(vec![(self.b_min, hi); world])
+    }
+}
+
+/// A fitted compute-time line `t(b) = alpha + beta·b` (seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+impl Line {
+    pub fn at(&self, b: usize) -> f64 {
+        self.alpha + self.beta * b as f64
+    }
+}
+
+/// Online weighted least squares of one rank's `(b, t)` history.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankFit {
+    s0: f64,
+    sb: f64,
+    st: f64,
+    sbb: f64,
+    sbt: f64,
+    /// A suspected outlier `(b, t, sign)` waiting for confirmation.
+    pending: Option<(f64, f64, f64)>,
+}
+
+impl RankFit {
+    fn add(&mut self, b: f64, t: f64) {
+        self.s0 += 1.0;
+        self.sb += b;
+        self.st += t;
+        self.sbb += b * b;
+        self.sbt += b * t;
+    }
+
+    fn decay(&mut self, f: f64) {
+        for s in [&mut self.s0, &mut self.sb, &mut self.st, &mut self.sbb, &mut self.sbt] {
+            *s *= f;
+        }
+    }
+
+    /// The current fit, or `None` before any observation.
+    pub fn line(&self, ridge: f64) -> Option<Line> {
+        if self.s0 <= 0.0 || self.sb <= 0.0 {
+            return None;
+        }
+        // Minimise Σ w (t − α − βb)² + ρ α², ρ = ridge · Σw.
+        let rho = ridge * self.s0;
+        let (a11, a12, a22) = (self.s0 + rho, self.sb, self.sbb);
+        let det = a11 * a22 - a12 * a12;
+        let proportional = Line {
+            alpha: 0.0,
+            beta: (self.st / self.sb).max(1e-12),
+        };
+        if det <= 1e-12 * a11 * a22 {
+            return Some(proportional);
+        }
+        let alpha = (a22 * self.st - a12 * self.sbt) / det;
+        let beta = (a11 * self.sbt - a12 * self.st) / det;
+        if alpha < 0.0 || beta <= 0.0 || !alpha.is_finite() || !beta.is_finite() {
+            return Some(proportional);
+        }
+        Some(Line { alpha, beta })
+    }
+
+    /// Feeds one observation with the config's forgetting and outlier rule.
+    pub fn observe(&mut self, b: usize, t: f64, cfg: &BalanceConfig) {
+        if b == 0 || !(t.is_finite() && t >= 0.0) {
+            return;
+        }
+        let b = b as f64;
+        if let Some(line) = self.line(cfg.ridge) {
+            let pred = line.alpha + line.beta * b;
+            let rel = t / pred.max(1e-12) - 1.0;
+            if rel.abs() > cfg.outlier {
+                let sign = rel.signum();
+                match self.pending.take() {
+                    Some((pb, pt, ps)) if ps == sign => {
+                        // Two in a row, same direction: the speed changed. Restart from them.
+                        self.decay(0.0);
+                        self.add(pb, pt);
+                        self.add(b, t);
+                    }
+                    _ => self.pending = Some((b, t, sign)),
+                }
+                return;
+            }
+        }
+        self.pending = None;
+        self.decay(cfg.forgetting);
+        self.add(b, t);
+    }
+}
+
+/// One rank's measurements of one iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub batch: usize,
+    /// Seconds of forward + backward of the rank's slice (waiting excluded).
+    pub compute_s: f64,
+}
+
+/// The balancer's whole state (part of a checkpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Balancer {
+    pub cfg: BalanceConfig,
+    pub global_batch: usize,
+    pub bounds: Vec<(usize, usize)>,
+    pub sizes: Vec<usize>,
+    pub fits: Vec<RankFit>,
+    /// Iterations observed so far.
+    pub seen: usize,
+    /// Per-rank `(Σ b, Σ t)` of the current epoch (for `proportional-epoch`).
+    pub epoch_totals: Vec<(f64, f64)>,
+}
+
+impl Balancer {
+    /// Starts from the equal split; fails with a clear message when no split respects the bounds.
+    pub fn new(cfg: &BalanceConfig, global_batch: usize, world: usize) -> Result<Balancer> {
+        cfg.validate(global_batch)?;
+        let bounds = cfg.bounds(global_batch, world)?;
+        Ok(Balancer {
+            cfg: cfg.clone(),
+            global_batch,
+            bounds,
+            sizes: equal_split(global_batch, world),
+            fits: vec![RankFit::default(); world],
+            seen: 0,
+            epoch_totals: vec![(0.0, 0.0); world],
+        })
+    }
+
+    /// The split of the next full global batch.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// Records every rank's measurements of the iteration just computed and, under `lbbsp`, picks
+    /// the split of the next iteration. Called on every rank with the same (gathered) input.
+    pub fn observe(&mut self, obs: &[Observation]) {
+        assert_eq!(obs.len(), self.sizes.len(), "one observation per rank");
+        self.seen += 1;
+        if self.seen <= self.cfg.warmup_iters {
+            return;
+        }
+        for ((fit, o), tot) in self.fits.iter_mut().zip(obs).zip(self.epoch_totals.iter_mut()) {
+            fit.observe(o.batch, o.compute_s, &self.cfg);
+            tot.0 += o.batch as f64;
+            tot.1 += o.compute_s;
+        }
+        if self.cfg.policy == Policy::Lbbsp {
+            let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line(self.cfg.ridge)).collect();
+            if let Some(lines) = lines {
+                self.adopt(&lines);
+            }
+        }
+    }
+
+    /// Marks an epoch boundary; under `proportional-epoch`, re-splits by last epoch's throughput.
+    pub fn end_epoch(&mut self) {
+        if self.cfg.policy == Policy::ProportionalEpoch && self.epoch_totals.iter().all(|&(b, t)| b > 0.0 && t > 0.0) {
+            let lines: Vec<Line> = self.epoch_totals.iter().map(|&(b, t)| Line { alpha: 0.0, beta: t / b }).collect();
+            self.sizes = equalize(&lines, self.global_batch, &self.bounds);
+        }
+        self.epoch_totals.iter_mut().for_each(|t| *t = (0.0, 0.0));
+    }
+
+    /// Takes the equalised split unless it beats the current one by less than the dead-band.
+    fn adopt(&mut self, lines: &[Line]) {
+        let proposal = equalize(lines, self.global_batch, &self.bounds);
+        let now = predicted_max(lines, &self.sizes);
+        let new = predicted_max(lines, &proposal);
+        if new < now * (1.0 - self.cfg.dead_band) {
+            self.sizes = proposal;
+        }
+    }
+}
+
+/// The slowest predicted time of a split.
+pub fn predicted_max(lines: &[Line], sizes: &[usize]) -> f64 {
+    lines.iter().zip(sizes).map(|(l, &b)| l.at(b)).fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// Integer sizes with `Σ b_i = total` and `bounds[i].0 ≤ b_i ≤ bounds[i].1` that minimise the
+/// predicted slowest time (up to one sample of rounding per rank). Requires `Σ lo ≤ total ≤ Σ hi`
+/// and `beta > 0` on every line.
+pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
+    let n = lines.len();
+    assert_eq!(bounds.len(), n);
+    let lo_sum: usize = bounds.iter().map(|b| b.0).sum();
+    let hi_sum: usize = bounds.iter().map(|b| b.1).sum();
+    assert!(lo_sum <= total && total <= hi_sum, "no split of {total} within the bounds");
+    // Continuous sizes at finishing time T: b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i), monotone in T.
+    let at = |t: f64, i: usize| ((t - lines[i].alpha) / lines[i].beta).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
+    let sum_at = |t: f64| (0..n).map(|i| at(t, i)).sum::<f64>();
+    let (mut t_lo, mut t_hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (l, b) in lines.iter().zip(bounds) {
+        t_lo = t_lo.min(l.at(b.0));
+        t_hi = t_hi.max(l.at(b.1));
+    }
+    for _ in 0..100 {
+        let mid = 0.5 * (t_lo + t_hi);
+        if mid <= t_lo || mid >= t_hi {
+            break;
+        }
+        if sum_at(mid) < total as f64 {
+            t_lo = mid;
+        } else {
+            t_hi = mid;
+        }
+    }
+    let mut sizes: Vec<usize> = (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
+    let mut assigned: usize = sizes.iter().sum();
+    // Floors lose < 1 per rank, so fewer than n samples remain: give each to the rank whose predicted
+    // time after taking it is smallest (ties to the lower rank), one per round.
+    while assigned < total {
+        let mut order: Vec<usize> = (0..n).filter(|&i| sizes[i] < bounds[i].1).collect();
+        order.sort_by(|&a, &b| lines[a].at(sizes[a] + 1).total_cmp(&lines[b].at(sizes[b] + 1)).then(a.cmp(&b)));
+        for i in order.into_iter().take(total - assigned) {
+            sizes[i] += 1;
+            assigned += 1;
+        }
+    }
+    sizes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_lines_give_equal_split() {
+        let l = vec![Line { alpha: 0.0, beta: 1.0 }; 3];
+        assert_eq!(equalize(&l, 10, &[(1, 10); 3]), vec![4, 3, 3]);
+    }
+
+    #[test]
+    fn three_times_slower_rank_gets_a_quarter() {
+        let l = [Line { alpha: 0.0, beta: 1.0 }, Line { alpha: 0.0, beta: 3.0 }];
+        assert_eq!(equalize(&l, 128, &[(1, 128); 2]), vec![96, 32]);
+    }
+
+    #[test]
+    fn impossible_bounds_name_the_field() {
+        let cfg = BalanceConfig::default();
+        let e = Balancer::new(&cfg, 2, 3).unwrap_err().to_string();
+        assert!(e.contains("train.global_batch") && e.contains("3 ranks"), "{e}");
+        let cfg = BalanceConfig {
+            b_max: Some(10),
+            ..Default::default()
+        };
+        let e = Balancer::new(&cfg, 64, 3).unwrap_err().to_string();
+        assert!(e.contains("balance.b_max"), "{e}");
+    }
+
+    #[test]
+    fn fit_recovers_a_line() {
+        let cfg = BalanceConfig {
+            forgetting: 1.0,
+            ridge: 0.0,
+            ..Default::default()
+        };
+        let mut f = RankFit::default();
+        for b in [10, 20, 30, 40, 25] {
+            f.observe(b, 0.5 + 0.1 * b as f64, &cfg);
+        }
+        let l = f.line(0.0).unwrap();
+        assert!((l.alpha - 0.5).abs() < 1e-9 && (l.beta - 0.1).abs() < 1e-9, "{l:?}");
+    }
+
+    #[test]
+    fn single_outlier_is_ignored_and_a_step_change_is_adopted() {
+        let cfg = BalanceConfig::default();
+        let mut f = RankFit::default();
+        for _ in 0..5 {
+            f.observe(64, 0.064, &cfg);
+        }
+        f.observe(64, 0.64, &cfg);
+        assert!((f.line(cfg.ridge).unwrap().at(64) - 0.064).abs() < 1e-9);
+        f.observe(64, 0.064, &cfg);
+        f.observe(64, 0.192, &cfg);
+        f.observe(64, 0.192, &cfg);
+        assert!((f.line(cfg.ridge).unwrap().at(64) - 0.192).abs() < 1e-6);
+    }
+}

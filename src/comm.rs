@@ -1,0 +1,229 @@
+//! The communicator: collectives in MPI vocabulary, with rsmpi behind it.
+//!
+//! Launching and transport are MPI's job (`mpirun`/`srun` start the ranks, rsmpi carries the
+//! collectives). [`Mpi`] owns the MPI environment (initialised on creation, finalised on drop);
+//! [`Solo`] is the one-rank communicator of a plain run; [`Local`] runs several ranks as threads of
+//! one process, for fast tests and simulations of the same code paths.
+
+use crate::error::{Error, Result};
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
+use std::sync::{Arc, Barrier, Mutex};
+
+/// Collective operations every rank calls in the same order.
+pub trait Communicator {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Ranks sharing this node (used to size the per-rank thread pool).
+    fn local_size(&self) -> usize;
+    fn barrier(&self);
+    /// `recv = Σ_ranks send`, element-wise.
+    fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]);
+    /// `recv = Σ_ranks send` in f64 (metrics, evaluation counts).
+    fn all_reduce_sum_f64_into(&self, send: &[f64], recv: &mut [f64]);
+    /// Overwrites `buf` on every rank with `root`'s copy.
+    fn broadcast_into(&self, root: usize, buf: &mut [f32]);
+    /// `recv[r·n..(r+1)·n] = send of rank r`, with `n = send.len()`.
+    fn all_gather_into(&self, send: &[f64], recv: &mut [f64]);
+}
+
+/// The one-rank communicator: every collective is a copy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Solo;
+
+impl Communicator for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn local_size(&self) -> usize {
+        1
+    }
+    fn barrier(&self) {}
+    fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn all_reduce_sum_f64_into(&self, send: &[f64], recv: &mut [f64]) {
+        recv.copy_from_slice(send);
+    }
+    fn broadcast_into(&self, _root: usize, _buf: &mut [f32]) {}
+    fn all_gather_into(&self, send: &[f64], recv: &mut [f64]) {
+        recv.copy_from_slice(send);
+    }
+}
+
+/// MPI world communicator. Creating it initialises MPI (funneled: only the main thread calls MPI,
+/// rayon workers never do); dropping it finalises MPI.
+pub struct Mpi {
+    world: SimpleCommunicator,
+    local_size: usize,
+    // Declared last so the communicators above are dropped before MPI_Finalize.
+    _universe: mpi::environment::Universe,
+}
+
+impl Mpi {
+    /// Initialises MPI. Works both under `mpirun`/`srun` and as a singleton (one rank) without them.
+    pub fn init() -> Result<Mpi> {
+        let (universe, _level) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+            .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
+        let world = universe.world();
+        let local_size = world.split_shared(world.rank()).size() as usize;
+        Ok(Mpi {
+            world,
+            local_size,
+            _universe: universe,
+        })
+    }
+}
+
+impl Mpi {
+    /// Ends every rank of the job (`MPI_Abort`), for errors that leave other ranks blocked.
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+}
+
+impl Communicator for Mpi {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+    fn world_size(&self) -> usize {
+        self.world.size() as usize
+    }
+    fn local_size(&self) -> usize {
+        self.local_size
+    }
+    fn barrier(&self) {
+        self.world.barrier();
+    }
+    fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]) {
+        self.world.all_reduce_into(send, recv, SystemOperation::sum());
+    }
+    fn all_reduce_sum_f64_into(&self, send: &[f64], recv: &mut [f64]) {
+        self.world.all_reduce_into(send, recv, SystemOperation::sum());
+    }
+    fn broadcast_into(&self, root: usize, buf: &mut [f32]) {
+        self.world.process_at_rank(root as i32).broadcast_into(buf);
+    }
+    fn all_gather_into(&self, send: &[f64], recv: &mut [f64]) {
+        self.world.all_gather_into(send, recv);
+    }
+}
+
+/// Ranks as threads of one process, sharing memory; sums run in rank order, so results are
+/// deterministic. Build a group with [`Local::group`] and move one member into each thread.
+pub struct Local {
+    rank: usize,
+    shared: Arc<LocalShared>,
+}
+
+struct LocalShared {
+    size: usize,
+    barrier: Barrier,
+    slots: Mutex<Vec<Vec<f64>>>,
+}
+
+impl Local {
+    /// `n` connected communicators, rank `i` at index `i`.
+    pub fn group(n: usize) -> Vec<Local> {
+        let shared = Arc::new(LocalShared {
+            size: n,
+            barrier: Barrier::new(n),
+            slots: Mutex::new(vec![Vec::new(); n]),
+        });
+        (0..n).map(|rank| Local { rank, shared: shared.clone() }).collect()
+    }
+
+    /// Publishes `data`, waits for every rank, lets `read` see all slots in rank order, waits again.
+    fn exchange(&self, data: impl Iterator<Item = f64>, read: impl FnOnce(&[Vec<f64>])) {
+        {
+            let mut slots = self.shared.slots.lock().expect("local communicator poisoned");
+            slots[self.rank].clear();
+            slots[self.rank].extend(data);
+        }
+        self.shared.barrier.wait();
+        {
+            let slots = self.shared.slots.lock().expect("local communicator poisoned");
+            read(&slots);
+        }
+        self.shared.barrier.wait();
+    }
+}
+
+impl Communicator for Local {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.size
+    }
+    fn local_size(&self) -> usize {
+        self.shared.size
+    }
+    fn barrier(&self) {
+        self.shared.barrier.wait();
+    }
+    fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]) {
+        self.exchange(send.iter().map(|&v| v as f64), |slots| {
+            for (i, r) in recv.iter_mut().enumerate() {
+                // Accumulate in f32, rank by rank, like an MPI reduction of f32 buffers.
+                *r = slots.iter().fold(0.0f32, |acc, s| acc + s[i] as f32);
+            }
+        });
+    }
+    fn all_reduce_sum_f64_into(&self, send: &[f64], recv: &mut [f64]) {
+        self.exchange(send.iter().copied(), |slots| {
+            for (i, r) in recv.iter_mut().enumerate() {
+                *r = slots.iter().map(|s| s[i]).sum();
+            }
+        });
+    }
+    fn broadcast_into(&self, root: usize, buf: &mut [f32]) {
+        let mine: Vec<f64> = if self.rank == root { buf.iter().map(|&v| v as f64).collect() } else { Vec::new() };
+        self.exchange(mine.into_iter(), |slots| {
+            for (b, &v) in buf.iter_mut().zip(&slots[root]) {
+                *b = v as f32;
+            }
+        });
+    }
+    fn all_gather_into(&self, send: &[f64], recv: &mut [f64]) {
+        self.exchange(send.iter().copied(), |slots| {
+            for (chunk, s) in recv.chunks_exact_mut(send.len().max(1)).zip(slots) {
+                chunk.copy_from_slice(s);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_group_collectives() {
+        let handles: Vec<_> = Local::group(3)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let r = c.rank() as f32;
+                    let mut sum = vec![0.0f32; 2];
+                    c.all_reduce_sum_into(&[r, 1.0], &mut sum);
+                    let mut b = vec![r; 2];
+                    c.broadcast_into(1, &mut b);
+                    let mut g = vec![0.0; 6];
+                    c.all_gather_into(&[r as f64, 10.0 * r as f64], &mut g);
+                    (sum, b, g)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (sum, b, g) = h.join().unwrap();
+            assert_eq!(sum, vec![3.0, 3.0]);
+            assert_eq!(b, vec![1.0, 1.0]);
+            assert_eq!(g, vec![0.0, 0.0, 1.0, 10.0, 2.0, 20.0]);
+        }
+    }
+}

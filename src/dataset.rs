@@ -1,0 +1,495 @@
+//! In-memory datasets: dense `f32` features, `u32` class labels, and the recipe's `[data]` section.
+//!
+//! Every sample is a row of `dim()` floats (images are flattened row-major, channel first), so a
+//! mini-batch is gathered by copying rows named by the epoch permutation straight into the model's
+//! input buffer.
+
+use serde::{Deserialize, Serialize};
+
+/// The `[data]` section of a recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Name of the data set in `datasets/manifest.toml` (`mnist`, `fashion-mnist`, `a9a`, `digits`).
+    pub dataset: String,
+    /// Raw feature values are divided by this (255 for 8-bit images, 16 for digits).
+    #[serde(default = "one")]
+    pub scale: f32,
+    /// Standardisation applied after scaling, with statistics of the training split only.
+    #[serde(default)]
+    pub standardize: Standardize,
+    /// For data sets shipped as one file (digits): the fraction held out as the test split.
+    #[serde(default)]
+    pub test_fraction: Option<f32>,
+    /// Seed of the held-out split permutation (independent of the training seed).
+    #[serde(default)]
+    pub split_seed: u64,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Standardize {
+    /// Leave scaled values as they are.
+    #[default]
+    None,
+    /// Subtract one mean and divide by one standard deviation over all training features.
+    Global,
+    /// Per feature mean and standard deviation (features with zero variance are only centred).
+    PerFeature,
+}
+
+/// A labelled data set held in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    /// `len() × dim()` features, row-major.
+    pub x: Vec<f32>,
+    /// One class label per sample, in `0..classes`.
+    pub y: Vec<u32>,
+    /// Shape of one sample, e.g. `[1, 28, 28]` or `[123]`.
+    pub sample_shape: Vec<usize>,
+    pub classes: usize,
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+    /// Features per sample.
+    pub fn dim(&self) -> usize {
+        self.sample_shape.iter().product()
+    }
+    pub fn row(&self, i: usize) -> &[f32] {
+        let d = self.dim();
+        &self.x[i * d..(i + 1) * d]
+    }
+
+    /// Copies the samples `idx` into `x` (`idx.len() × dim()`) and their labels into `y`.
+    pub fn gather_into(&self, idx: &[usize], x: &mut [f32], y: &mut [u32]) {
+        let d = self.dim();
+        assert!(x.len() >= idx.len() * d && y.len() >= idx.len());
+        for (k, &i) in idx.iter().enumerate() {
+            x[k * d..(k + 1) * d].copy_from_slice(self.row(i));
+            y[k] = self.y[i];
+        }
+    }
+
+    /// The samples `idx` as a new data set.
+    pub fn subset(&self, idx: &[usize]) -> Dataset {
+        let d = self.dim();
+        let mut x = vec![0.0; idx.len() * d];
+        let mut y = vec![0; idx.len()];
+        self.gather_into(idx, &mut x, &mut y);
+        Dataset {
+            x,
+            y,
+            sample_shape: self.sample_shape.clone(),
+            classes: self.classes,
+        }
+    }
+}
+
+/// Training and test splits of one data set.
+#[derive(Debug, Clone)]
+pub struct Splits {
+    pub train: Dataset,
+    pub test: Dataset,
+}
+
+/// Per-feature affine map `x -> (x / scale - mean) / std` fitted on the training split.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalizer {
+    pub scale: f32,
+    pub mean: Vec<f32>,
+    pub inv_std: Vec<f32>,
+}
+
+impl Normalizer {
+    /// Fits the map described by `cfg` on `train` (statistics in f64).
+    pub fn fit(cfg: &DataConfig, train: &Dataset) -> Normalizer {
+        let d = train.dim();
+        let n = train.len().max(1) as f64;
+        let s = cfg.scale as f64;
+        let (mean, inv_std) = match cfg.standardize {
+            Standardize::None => (vec![0.0; d], vec![1.0; d]),
+            Standardize::Global => {
+                let (mut sum, mut sq) = (0.0f64, 0.0f64);
+                for &v in &train.x {
+                    let v = v as f64 / s;
+                    sum += v;
+                    sq += v * v;
+                }
+                let cnt = (train.x.len().max(1)) as f64;
+                let m = sum / cnt;
+                let sd = (sq / cnt - m * m).max(0.0).sqrt();
+                let inv = if sd > 1e-12 { 1.0 / sd } else { 1.0 };
+                (vec![m as f32; d], vec![inv as f32; d])
+            }
+            Standardize::PerFeature => {
+                let mut sum = vec![0.0f64; d];
+                let mut sq = vec![0.0f64; d];
+                for row in train.x.chunks_exact(d) {
+                    for j in 0..d {
+                        let v = row[j] as f64 / s;
+                        sum[j] += v;
+                        sq[j] += v * v;
+                    }
+                }
+                let mut mean = vec![0.0f32; d];
+                let mut inv = vec![1.0f32; d];
+                for j in 0..d {
+                    let m = sum[j] / n;
+                    let sd = (sq[j] / n - m * m).max(0.0).sqrt();
+                    mean[j] = m as f32;
+                    inv[j] = if sd > 1e-6 { (1.0 / sd) as f32 } else { 1.0 };
+                }
+                (mean, inv)
+            }
+        };
+        Normalizer {
+            scale: cfg.scale,
+            mean,
+            inv_std,
+        }
+    }
+
+    pub fn apply(&self, data: &mut Dataset) {
+        let d = data.dim();
+        let inv_scale = 1.0 / self.scale;
+        for row in data.x.chunks_exact_mut(d) {
+            for ((v, m), is) in row.iter_mut().zip(&self.mean).zip(&self.inv_std) {
+                *v = (*v * inv_scale - m) * is;
+            }
+        }
+    }
+}
+
+// ---- Loading a data set named in the manifest ----
+
+/// Loads the data set `cfg.dataset` from `data_dir`, verified against the manifest's checksums,
+/// as train and test splits normalised with statistics of the training split.
+///
+/// IDX images keep their raw `0..255` values before `cfg.scale`; LIBSVM rows are dense with the
+/// manifest's feature count; a data set shipped as one file is split by `cfg.test_fraction` with the
+/// permutation stream `[cfg.split_seed, 0x5eed]` (test = its first `round(n × fraction)` entries).
+pub fn load(cfg: &DataConfig, data_dir: &std::path::Path) -> crate::error::Result<Splits> {
+    use crate::error::Error;
+    use crate::manifest::{self, Format, Role};
+
+    if !(cfg.scale.is_finite() && cfg.scale > 0.0) {
+        return Err(Error::config(
+            "data.scale",
+            format!(
+                "{} must be a positive number, e.g. 255 for 8-bit images",
+                cfg.scale
+            ),
+        ));
+    }
+    let spec = manifest::spec(&cfg.dataset)?;
+    manifest::verify(spec, data_dir)?;
+    let single_file = spec.file(Role::All).is_some();
+    if cfg.test_fraction.is_some() && !single_file {
+        return Err(Error::config(
+            "data.test_fraction",
+            format!(
+                "`{}` ships its own test split; remove `test_fraction` from [data]",
+                spec.name
+            ),
+        ));
+    }
+    let (mut train, mut test) = match spec.format {
+        Format::Idx => (
+            load_idx(spec, data_dir, Role::TrainImages, Role::TrainLabels)?,
+            load_idx(spec, data_dir, Role::TestImages, Role::TestLabels)?,
+        ),
+        Format::Libsvm => {
+            let features = spec.features.unwrap_or_else(|| spec.dim());
+            let read = |role| -> crate::error::Result<Dataset> {
+                let path = spec.path_of(role, data_dir)?;
+                let (x, y) = crate::libsvm::read(&path, features, &spec.labels)?;
+                labelled(spec, &path, x, y)
+            };
+            (read(Role::Train)?, read(Role::Test)?)
+        }
+        Format::Csv => {
+            let read = |role| -> crate::error::Result<Dataset> {
+                let path = spec.path_of(role, data_dir)?;
+                let (x, y) = crate::csv::read(&path, spec.dim())?;
+                labelled(spec, &path, x, y)
+            };
+            if single_file {
+                split_by_fraction(cfg, &spec.name, read(Role::All)?)?
+            } else {
+                (read(Role::Train)?, read(Role::Test)?)
+            }
+        }
+    };
+    let norm = Normalizer::fit(cfg, &train);
+    norm.apply(&mut train);
+    norm.apply(&mut test);
+    Ok(Splits { train, test })
+}
+
+/// One IDX split: images as `f32` in `0..=255` with shape `[1, rows, cols]`, checked against the labels.
+fn load_idx(
+    spec: &crate::manifest::DatasetSpec,
+    data_dir: &std::path::Path,
+    images: crate::manifest::Role,
+    labels: crate::manifest::Role,
+) -> crate::error::Result<Dataset> {
+    use crate::error::Error;
+    let (ipath, lpath) = (
+        spec.path_of(images, data_dir)?,
+        spec.path_of(labels, data_dir)?,
+    );
+    let (n, rows, cols, pixels) = crate::idx::read_images(&ipath)?;
+    let y: Vec<u32> = crate::idx::read_labels(&lpath)?
+        .into_iter()
+        .map(u32::from)
+        .collect();
+    if n != y.len() {
+        return Err(Error::data(
+            &ipath,
+            format!(
+                "holds {n} images but {} holds {} labels; one of the two files is wrong",
+                lpath.display(),
+                y.len()
+            ),
+        ));
+    }
+    if spec.sample_shape != [1, rows, cols] {
+        return Err(Error::data(
+            &ipath,
+            format!(
+                "images are {rows}x{cols} but the manifest's sample_shape is {:?}",
+                spec.sample_shape
+            ),
+        ));
+    }
+    labelled(spec, &ipath, pixels.into_iter().map(f32::from).collect(), y)
+}
+
+/// Wraps parsed rows as a data set after checking every label is below the class count.
+fn labelled(
+    spec: &crate::manifest::DatasetSpec,
+    path: &std::path::Path,
+    x: Vec<f32>,
+    y: Vec<u32>,
+) -> crate::error::Result<Dataset> {
+    if y.is_empty() {
+        return Err(crate::error::Error::data(path, "holds no samples"));
+    }
+    if let Some((i, &c)) = y
+        .iter()
+        .enumerate()
+        .find(|(_, &c)| c as usize >= spec.classes)
+    {
+        return Err(crate::error::Error::data(
+            path,
+            format!(
+                "sample {i} has label {c}, but `{}` has {} classes (0..{})",
+                spec.name,
+                spec.classes,
+                spec.classes - 1
+            ),
+        ));
+    }
+    Ok(Dataset {
+        x,
+        y,
+        sample_shape: spec.sample_shape.clone(),
+        classes: spec.classes,
+    })
+}
+
+/// Splits a one-file data set: test = the first `round(n × test_fraction)` samples of the permutation
+/// `[split_seed, 0x5eed]`, train = the rest; both keep ascending original order.
+fn split_by_fraction(
+    cfg: &DataConfig,
+    name: &str,
+    all: Dataset,
+) -> crate::error::Result<(Dataset, Dataset)> {
+    use crate::error::Error;
+    let Some(fraction) = cfg.test_fraction else {
+        return Err(Error::config(
+            "data.test_fraction",
+            format!("`{name}` ships as one file, so the recipe must say how much to hold out for testing: add e.g. `test_fraction = 0.2` to [data]"),
+        ));
+    };
+    let n = all.len();
+    let n_test = (n as f64 * fraction as f64).round();
+    if !(fraction > 0.0 && fraction < 1.0) || n_test < 1.0 || n_test >= n as f64 {
+        return Err(Error::config(
+            "data.test_fraction",
+            format!("{fraction} must be in (0, 1) and leave both splits non-empty ({n} samples)"),
+        ));
+    }
+    let perm = crate::rng::permutation(n, &[cfg.split_seed, 0x5eed]);
+    let (mut test_idx, mut train_idx) = (
+        perm[..n_test as usize].to_vec(),
+        perm[n_test as usize..].to_vec(),
+    );
+    test_idx.sort_unstable();
+    train_idx.sort_unstable();
+    Ok((all.subset(&train_idx), all.subset(&test_idx)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toy() -> Dataset {
+        Dataset {
+            x: vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0],
+            y: vec![0, 1, 0],
+            sample_shape: vec![2],
+            classes: 2,
+        }
+    }
+
+    #[test]
+    fn per_feature_standardisation_gives_zero_mean_unit_variance() {
+        let cfg = DataConfig {
+            dataset: "toy".into(),
+            scale: 2.0,
+            standardize: Standardize::PerFeature,
+            test_fraction: None,
+            split_seed: 0,
+        };
+        let mut d = toy();
+        let norm = Normalizer::fit(&cfg, &d);
+        norm.apply(&mut d);
+        for j in 0..2 {
+            let col: Vec<f32> = (0..3).map(|i| d.x[i * 2 + j]).collect();
+            let m: f32 = col.iter().sum::<f32>() / 3.0;
+            let v: f32 = col.iter().map(|c| (c - m) * (c - m)).sum::<f32>() / 3.0;
+            assert!(m.abs() < 1e-6 && (v - 1.0).abs() < 1e-5, "{m} {v}");
+        }
+    }
+
+    #[test]
+    fn gather_copies_rows_and_labels() {
+        let d = toy();
+        let mut x = vec![0.0; 4];
+        let mut y = vec![9; 2];
+        d.gather_into(&[2, 0], &mut x, &mut y);
+        assert_eq!(x, vec![8.0, 10.0, 0.0, 2.0]);
+        assert_eq!(y, vec![0, 0]);
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+
+    fn cfg(test_fraction: Option<f32>) -> DataConfig {
+        DataConfig {
+            dataset: "digits".into(),
+            scale: 1.0,
+            standardize: Standardize::None,
+            test_fraction,
+            split_seed: 3,
+        }
+    }
+
+    fn numbered(n: usize) -> Dataset {
+        Dataset {
+            x: (0..n).map(|i| i as f32).collect(),
+            y: (0..n).map(|i| (i % 2) as u32).collect(),
+            sample_shape: vec![1],
+            classes: 2,
+        }
+    }
+
+    #[test]
+    fn fraction_split_is_a_sorted_partition_keyed_by_split_seed() {
+        let (train, test) = split_by_fraction(&cfg(Some(0.25)), "toy", numbered(10)).unwrap();
+        assert_eq!((train.len(), test.len()), (7, 3)); // round(2.5) = 3
+        let mut all: Vec<f32> = train.x.iter().chain(&test.x).copied().collect();
+        assert!(train.x.windows(2).all(|w| w[0] < w[1]) && test.x.windows(2).all(|w| w[0] < w[1]));
+        all.sort_by(f32::total_cmp);
+        assert_eq!(all, (0..10).map(|i| i as f32).collect::<Vec<_>>());
+        let perm = crate::rng::permutation(10, &[3, 0x5eed]);
+        let mut want: Vec<f32> = perm[..3].iter().map(|&i| i as f32).collect();
+        want.sort_by(f32::total_cmp);
+        assert_eq!(test.x, want);
+    }
+
+    #[test]
+    fn fraction_is_required_and_bounded() {
+        let m = split_by_fraction(&cfg(None), "digits", numbered(10))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("data.test_fraction") && m.contains("test_fraction = 0.2"),
+            "{m}"
+        );
+        for bad in [0.0, 1.0, 0.01, f32::NAN] {
+            assert!(
+                split_by_fraction(&cfg(Some(bad)), "toy", numbered(10)).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn idx_image_and_label_counts_must_agree() {
+        let dir = std::env::temp_dir().join(format!("lbbsp-load-idx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let header = |magic: u32, dims: &[u32]| -> Vec<u8> {
+            std::iter::once(magic)
+                .chain(dims.iter().copied())
+                .flat_map(u32::to_be_bytes)
+                .collect()
+        };
+        let mut images = header(crate::idx::IMAGES_MAGIC, &[3, 2, 2]);
+        images.extend([0u8; 12]);
+        let mut labels = header(crate::idx::LABELS_MAGIC, &[2]);
+        labels.extend([1u8, 0]);
+        std::fs::write(dir.join("im"), images).unwrap();
+        std::fs::write(dir.join("lb"), labels).unwrap();
+        let mut toml = "[t]\nformat = \"idx\"\nclasses = 2\nsample_shape = [1, 2, 2]\n".to_string();
+        for (role, path) in [
+            ("train-images", "im"),
+            ("train-labels", "lb"),
+            ("test-images", "im"),
+            ("test-labels", "lb"),
+        ] {
+            toml += &format!("[[t.files]]\nrole = \"{role}\"\npath = \"{path}\"\nbytes = 0\nsha256 = \"{}\"\nurls = []\n", "0".repeat(64));
+        }
+        let spec = crate::manifest::parse(&toml).unwrap().remove("t").unwrap();
+        use crate::manifest::Role;
+        let m = load_idx(&spec, &dir, Role::TrainImages, Role::TrainLabels)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("im")
+                && m.contains("lb")
+                && m.contains("3 images")
+                && m.contains("2 labels"),
+            "{m}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn unknown_data_set_and_bad_scale_are_config_errors() {
+        let mut c = cfg(None);
+        c.dataset = "nope".into();
+        let m = load(&c, std::path::Path::new("/nonexistent"))
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("data.dataset") && m.contains("digits"), "{m}");
+        c.scale = 0.0;
+        assert!(load(&c, std::path::Path::new("/nonexistent"))
+            .unwrap_err()
+            .to_string()
+            .contains("data.scale"));
+    }
+}

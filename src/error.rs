@@ -1,0 +1,61 @@
+//! Typed errors of the library. Every variant names the file, field or setting at fault and, where
+//! there is one, the fix.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A data file is present but its content is wrong (truncated, bad magic, malformed token...).
+    #[error("{path}: {msg}")]
+    Data { path: PathBuf, msg: String },
+    #[error("{path}: checksum mismatch (sha256 {actual}, expected {expected}); the file is corrupt or a different version: delete it and run `lbbsp data fetch {dataset}`")]
+    Checksum {
+        path: PathBuf,
+        dataset: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("missing data file {path}: run `lbbsp data fetch {dataset}` (with internet), or `lbbsp data fetch {dataset} --mirror DIR` from a local copy, or point --data-dir / LBBSP_DATA at a folder that holds it")]
+    MissingData { path: PathBuf, dataset: String },
+    #[error("could not download {dataset}: {msg}")]
+    Fetch { dataset: String, msg: String },
+    /// The recipe file could not be read or parsed; `msg` quotes the offending key.
+    #[error("recipe {path}: {msg}")]
+    Recipe { path: PathBuf, msg: String },
+    /// A configuration value is impossible; `field` is its dotted recipe path.
+    #[error("`{field}`: {msg}")]
+    Config { field: String, msg: String },
+    #[error("communicator: {0}")]
+    Comm(String),
+    #[error("{path}: {msg}")]
+    Output { path: PathBuf, msg: String },
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    pub fn data(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Data {
+            path: path.into(),
+            msg: msg.into(),
+        }
+    }
+    pub fn config(field: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Config {
+            field: field.into(),
+            msg: msg.into(),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

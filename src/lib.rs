@@ -1,0 +1,65 @@
+//! # lbbsp: data-parallel CPU training with load-balanced bulk synchronous parallel
+//!
+//! Data-parallel training runs `N` ranks (MPI processes) that each compute the gradient of a slice
+//! of a global batch of `B` samples and then sum the gradients with an allreduce. Under plain BSP
+//! every rank gets `B/N` samples, so when one node is shared with other jobs and its rank slows
+//! down, every rank waits for it at every allreduce.
+//!
+//! LB-BSP (Chen et al., "Semi-dynamic load balancing", SoCC'20) re-sizes the slices at iteration
+//! boundaries instead. Before each allreduce every rank's batch size `b_i` and compute time `t_i`
+//! of the iteration become known to all ranks; each rank's speed is modelled by a linear regression
+//!
+//! ```text
+//!     t_i(b) ≈ α_i + β_i · b        (weighted least squares with exponential forgetting)
+//! ```
+//!
+//! and the next iteration's sizes solve
+//!
+//! ```text
+//!     minimise max_i t_i(b_i)   subject to   Σ_i b_i = B,   b_min ≤ b_i ≤ b_max_i,   b_i integer,
+//! ```
+//!
+//! i.e. all unconstrained ranks are predicted to finish at the same time `T`, with
+//! `b_i = (T − α_i)/β_i`. The global batch stays fixed and the gradient stays exact: rank `i`
+//! contributes `Σ_{j ∈ slice_i} ∇ℓ_j / B` and the allreduce-sum gives `(1/B) Σ_{j ∈ batch} ∇ℓ_j`,
+//! exactly the mean over the same `B` samples plain BSP would use. Only who computes which sample
+//! changes, so a loss trajectory is the same (to float rounding) on 1, 2 or 3 ranks, balanced or not.
+//!
+//! ## Using the pieces from your own loop
+//!
+//! The CLI (`lbbsp train`) is one user of the library; yours can be another. The pieces are
+//! [`comm::Communicator`] (MPI via rsmpi, or [`comm::Local`] threads for tests),
+//! [`shard::EpochPlan`] and [`shard::slice_for`] (the sharder), [`profile::CpuSampler`] (the
+//! profiler) and [`balance::Balancer`] (the balancer); see `examples/custom_loop.rs` and the loop
+//! in [`train::train`].
+
+pub mod balance;
+pub mod comm;
+pub mod csv;
+pub mod dataset;
+pub mod error;
+pub mod fetch;
+pub mod gemm;
+pub mod idx;
+pub mod layers;
+pub mod libsvm;
+pub mod loss;
+pub mod manifest;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod params;
+pub mod profile;
+pub mod recipe;
+pub mod rng;
+pub mod shard;
+pub mod train;
+
+pub use balance::{BalanceConfig, Balancer, Observation, Policy};
+pub use comm::{Communicator, Local, Mpi, Solo};
+pub use dataset::{Dataset, Splits};
+pub use error::{Error, Result};
+pub use model::Model;
+pub use recipe::Recipe;
+pub use shard::{slice_for, EpochPlan};
+pub use train::{train, RunOptions, Slowdown};

@@ -1,0 +1,96 @@
+//! The sharder: which samples each rank processes.
+//!
+//! Every epoch all ranks draw the same permutation of the training set from `(seed, epoch)`.
+//! Iteration `t` covers the global batch `perm[t·B .. (t+1)·B]` (the last one may be shorter, so
+//! every sample is used exactly once per epoch), and rank `i` takes the contiguous slice of `b_i` of
+//! those indices that starts after the slices of ranks `0..i`. Which rank sees a sample changes
+//! with the batch sizes; which samples form the global batch never does.
+
+use std::ops::Range;
+
+/// The global batches of one epoch.
+#[derive(Debug, Clone)]
+pub struct EpochPlan {
+    perm: Vec<usize>,
+    global_batch: usize,
+}
+
+impl EpochPlan {
+    pub fn new(n: usize, global_batch: usize, seed: u64, epoch: u64) -> EpochPlan {
+        assert!(global_batch > 0);
+        EpochPlan {
+            perm: crate::rng::permutation(n, &[seed, 0xE90C, epoch]),
+            global_batch,
+        }
+    }
+    /// Iterations in the epoch (the last batch may be partial).
+    pub fn iterations(&self) -> usize {
+        self.perm.len().div_ceil(self.global_batch)
+    }
+    /// Dataset indices of the global batch of iteration `t`.
+    pub fn batch(&self, t: usize) -> &[usize] {
+        let start = t * self.global_batch;
+        &self.perm[start..(start + self.global_batch).min(self.perm.len())]
+    }
+}
+
+/// Rank `rank`'s range within a global batch split as `sizes`.
+pub fn slice_for(sizes: &[usize], rank: usize) -> Range<usize> {
+    let start: usize = sizes[..rank].iter().sum();
+    start..start + sizes[rank]
+}
+
+/// `total` split over `ranks` as evenly as possible, the remainder going to the lowest ranks.
+pub fn equal_split(total: usize, ranks: usize) -> Vec<usize> {
+    (0..ranks).map(|i| total / ranks + usize::from(i < total % ranks)).collect()
+}
+
+/// Scales `sizes` to sum to `total` keeping their proportions (largest-remainder rounding, ties to
+/// the lower rank). Used for the short last batch of an epoch. Zero weights everywhere give an equal split.
+pub fn rescale(sizes: &[usize], total: usize) -> Vec<usize> {
+    let sum: usize = sizes.iter().sum();
+    if sum == 0 {
+        return equal_split(total, sizes.len());
+    }
+    let mut out: Vec<usize> = sizes.iter().map(|&s| s * total / sum).collect();
+    let mut rem: Vec<(usize, usize)> = sizes.iter().enumerate().map(|(i, &s)| ((s * total) % sum, i)).collect();
+    rem.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let short = total - out.iter().sum::<usize>();
+    for &(_, i) in rem.iter().take(short) {
+        out[i] += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_once_per_epoch() {
+        let plan = EpochPlan::new(1003, 128, 5, 2);
+        assert_eq!(plan.iterations(), 8);
+        let mut seen = vec![0; 1003];
+        for t in 0..plan.iterations() {
+            let batch = plan.batch(t);
+            let sizes = equal_split(batch.len(), 3);
+            for r in 0..3 {
+                for &i in &batch[slice_for(&sizes, r)] {
+                    seen[i] += 1;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn splits() {
+        assert_eq!(equal_split(10, 3), vec![4, 3, 3]);
+        assert_eq!(slice_for(&[4, 3, 3], 2), 7..10);
+        assert_eq!(rescale(&[64, 32, 32], 10), vec![5, 3, 2]);
+        assert_eq!(rescale(&[0, 0], 5), vec![3, 2]);
+        for total in 0..50 {
+            assert_eq!(rescale(&[7, 1, 13], total).iter().sum::<usize>(), total);
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The training loop: BSP and LB-BSP are one loop with a policy value.
+//!
+//! Per iteration, on every rank:
+//! 1. take this rank's slice of the global batch (sizes from the [`Balancer`]),
+//! 2. forward + backward: local gradient `Σ_{j ∈ slice} ∇ℓ_j / B` (timed: compute),
+//! 3. stats collective: every rank's `(b_i, compute_i, …)` becomes known to all (its duration is the
+//!    time this rank waited for slower ones),
+//! 4. **the distributed step**: allreduce-sum of the local gradients = the exact mean gradient of the
+//!    global batch, whatever the split (timed: transfer),
+//! 5. identical optimizer step everywhere; the balancer, fed the same gathered stats on every rank,
+//!    computes the same next split everywhere (no broadcast needed).
+
+use crate::balance::{Balancer, Observation};
+use crate::comm::Communicator;
+use crate::dataset::{Dataset, Splits};
+use crate::error::Result;
+use crate::layers::Mode;
+use crate::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
+use crate::model::Model;
+use crate::optim::Sgd;
+use crate::profile::CpuSampler;
+use crate::recipe::Recipe;
+use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it sleeps
+/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slowdown {
+    pub rank: usize,
+    pub factor: f64,
+    pub from_iter: usize,
+}
+
+/// Where results go and how a run is observed.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Per-iteration JSONL records (written by rank 0).
+    pub metrics: Option<PathBuf>,
+    /// Rayon threads per rank (for the summary).
+    pub threads: usize,
+    /// Show the progress bar and per-epoch lines on rank 0.
+    pub progress: bool,
+    pub slowdowns: Vec<Slowdown>,
+}
+
+/// Values each rank contributes to the per-iteration stats collective.
+const STATS: usize = 5;
+
+/// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
+pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let cfg = &recipe.train;
+    let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
+    let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
+    model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
+    comm.broadcast_into(0, &mut model.params);
+    let mut global_grad = vec![0.0f32; model.params.len()];
+    let mut opt = Sgd::new(&recipe.optimizer, model.params.len());
+
+    let n = data.train.len();
+    let iters_per_epoch = n.div_ceil(cfg.global_batch);
+    let planned = iters_per_epoch * cfg.epochs;
+    let total_iters = cfg.max_iters.map_or(planned, |m| m.min(planned));
+    let bar = progress_bar(rank == 0 && opts.progress, total_iters);
+    let mut metrics = match (&opts.metrics, rank) {
+        (Some(p), 0) => Some(JsonlWriter::create(p)?),
+        _ => None,
+    };
+
+    let mut records: Vec<IterRecord> = Vec::with_capacity(total_iters);
+    let mut evals = Vec::new();
+    let mut sampler = CpuSampler::new();
+    let mut all = vec![0.0f64; STATS * world];
+    let (mut iter, mut train_s, mut epochs_run) = (0usize, 0.0f64, 0usize);
+    let mut epoch_loss = (0.0f64, 0usize);
+    let start = Instant::now();
+
+    'epochs: for epoch in 0..cfg.epochs {
+        let plan = EpochPlan::new(n, cfg.global_batch, cfg.seed, epoch as u64);
+        epoch_loss = (0.0, 0);
+        for t in 0..plan.iterations() {
+            if iter >= total_iters {
+                break 'epochs;
+            }
+            let t_iter = Instant::now();
+            let batch = plan.batch(t);
+            let sizes = if batch.len() == cfg.global_batch { balancer.sizes().to_vec() } else { rescale(balancer.sizes(), batch.len()) };
+            let slice = &batch[slice_for(&sizes, rank)];
+            let mode = Mode {
+                train: true,
+                seed: cfg.seed,
+                epoch: epoch as u64,
+            };
+
+            // Compute: this rank's share of Σ_j ∇ℓ_j / B.
+            let t0 = Instant::now();
+            let (x, y, ids) = model.input_mut(slice.len());
+            data.train.gather_into(slice, x, y);
+            ids.copy_from_slice(slice);
+            let local = model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
+            stretch(&opts.slowdowns, rank, iter, t0.elapsed());
+            let compute_s = t0.elapsed().as_secs_f64();
+            let cpu = sampler.sample();
+
+            // Stats exchange: every rank learns every (b_i, compute_i) before the allreduce. Fast
+            // ranks block here until the slowest arrives, so this is also the waiting time.
+            let t1 = Instant::now();
+            let mine = [slice.len() as f64, compute_s, local.loss_sum, cpu.interference_s, cpu.cpu_share];
+            comm.all_gather_into(&mine, &mut all);
+            let wait_s = t1.elapsed().as_secs_f64();
+
+            // ---- The distributed step: weighted gradient allreduce. Each rank contributed its
+            // gradient *sum* / B, so the sum over ranks is the exact mean over the global batch. ----
+            let t2 = Instant::now();
+            comm.all_reduce_sum_into(&model.grads, &mut global_grad);
+            let comm_s = t2.elapsed().as_secs_f64();
+
+            let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
+            opt.step(&mut model.params, &global_grad, lr);
+            let obs: Vec<Observation> = all
+                .chunks_exact(STATS)
+                .map(|s| Observation {
+                    batch: s[0] as usize,
+                    compute_s: s[1],
+                })
+                .collect();
+            balancer.observe(&obs);
+
+            let iter_s = t_iter.elapsed().as_secs_f64();
+            train_s += iter_s;
+            let loss = all.chunks_exact(STATS).map(|s| s[2]).sum::<f64>() / batch.len() as f64;
+            epoch_loss.0 += loss;
+            epoch_loss.1 += 1;
+            records.push(IterRecord {
+                iter,
+                epoch,
+                loss,
+                lr,
+                global_batch: batch.len(),
+                batch_sizes: sizes.clone(),
+                compute_s: column(&all, 1),
+                wait_s: vec![wait_s],
+                comm_s: vec![comm_s],
+                interference_s: column(&all, 3),
+                cpu_share: column(&all, 4),
+                iter_s,
+                samples_per_s: batch.len() as f64 / iter_s,
+            });
+            bar.set_position(iter as u64 + 1);
+            bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
+            iter += 1;
+        }
+        balancer.end_epoch();
+        epochs_run = epoch + 1;
+        if epochs_run % cfg.eval_every_epochs == 0 || epochs_run == cfg.epochs {
+            let ev = evaluate(&mut model, &data.test, comm, epoch);
+            if rank == 0 && opts.progress {
+                bar.println(format!(
+                    "epoch {epochs_run}/{}: train loss {:.4}  test loss {:.4}  test accuracy {:.2}%",
+                    cfg.epochs,
+                    epoch_loss.0 / epoch_loss.1.max(1) as f64,
+                    ev.loss,
+                    100.0 * ev.accuracy
+                ));
+            }
+            evals.push(ev);
+        }
+    }
+    bar.finish_and_clear();
+
+    // Wait and transfer times are per rank but only known after the stats collective, so they are
+    // gathered once at the end (one collective, not one per iteration).
+    fill_late_columns(&mut records, comm);
+    if let Some(w) = metrics.as_mut() {
+        for r in &records {
+            w.write(r)?;
+        }
+        w.flush()?;
+    }
+    if evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
+        evals.push(evaluate(&mut model, &data.test, comm, epochs_run.saturating_sub(1)));
+    }
+    let last = *evals.last().expect("evaluated at least once");
+    let samples: usize = records.iter().map(|r| r.global_batch).sum();
+    Ok(Summary {
+        recipe: recipe.name.clone(),
+        policy: format!("{:?}", recipe.balance.policy).to_lowercase(),
+        world_size: world,
+        threads_per_rank: opts.threads,
+        iterations: iter,
+        epochs: epochs_run,
+        test_accuracy: last.accuracy,
+        test_loss: last.loss,
+        final_loss: records.last().map_or(f64::NAN, |r| r.loss),
+        last_epoch_loss: epoch_loss.0 / epoch_loss.1.max(1) as f64,
+        wall_s: start.elapsed().as_secs_f64(),
+        samples_per_s: samples as f64 / train_s.max(1e-9),
+        evals,
+        stragglers: straggler_report(&records),
+    })
+}
+
+/// Loss and accuracy on `test`, each rank taking a contiguous shard, reduced over ranks.
+pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoch: usize) -> EvalResult {
+    let shard = slice_for(&equal_split(test.len(), comm.world_size()), comm.rank());
+    let idx: Vec<usize> = shard.collect();
+    let mode = Mode {
+        train: false,
+        seed: 0,
+        epoch: epoch as u64,
+    };
+    let mut sums = [0.0f64; 3];
+    for chunk in idx.chunks(model.capacity()) {
+        let (x, y, ids) = model.input_mut(chunk.len());
+        test.gather_into(chunk, x, y);
+        ids.copy_from_slice(chunk);
+        let st = model.forward(chunk.len(), mode);
+        sums[0] += st.loss_sum;
+        sums[1] += st.correct as f64;
+        sums[2] += chunk.len() as f64;
+    }
+    let mut tot = [0.0f64; 3];
+    comm.all_reduce_sum_f64_into(&sums, &mut tot);
+    EvalResult {
+        epoch,
+        loss: tot[0] / tot[2].max(1.0),
+        accuracy: tot[1] / tot[2].max(1.0),
+        samples: tot[2] as usize,
+    }
+}
+
+fn column(all: &[f64], k: usize) -> Vec<f64> {
+    all.chunks_exact(STATS).map(|s| s[k]).collect()
+}
+
+/// Replaces each record's one-element `wait_s`/`comm_s` (this rank's) with the per-rank arrays.
+fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
+    let world = comm.world_size();
+    let mine: Vec<f64> = records.iter().flat_map(|r| [r.wait_s[0], r.comm_s[0]]).collect();
+    let mut all = vec![0.0; mine.len() * world];
+    comm.all_gather_into(&mine, &mut all);
+    let per_rank = mine.len();
+    for (i, r) in records.iter_mut().enumerate() {
+        r.wait_s = (0..world).map(|k| all[k * per_rank + 2 * i]).collect();
+        r.comm_s = (0..world).map(|k| all[k * per_rank + 2 * i + 1]).collect();
+    }
+}
+
+fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
+    for s in slowdowns {
+        if s.rank == rank && iter >= s.from_iter && s.factor > 1.0 {
+            std::thread::sleep(took.mul_f64(s.factor - 1.0));
+        }
+    }
+}
+
+fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("valid template"),
+    );
+    bar
+}
