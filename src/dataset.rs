@@ -172,16 +172,18 @@ impl Normalizer {
 
 // ---- Loading a data set named in the manifest ----
 
+use crate::error::{Error, Result};
+use crate::manifest::{DatasetSpec, Format, Role};
+use crate::{csv, idx, libsvm, manifest, rng};
+use std::path::Path;
+
 /// Loads the data set `cfg.dataset` from `data_dir`, verified against the manifest's checksums,
 /// as train and test splits normalised with statistics of the training split.
 ///
 /// IDX images keep their raw `0..255` values before `cfg.scale`; LIBSVM rows are dense with the
 /// manifest's feature count; a data set shipped as one file is split by `cfg.test_fraction` with the
 /// permutation stream `[cfg.split_seed, 0x5eed]` (test = its first `round(n × fraction)` entries).
-pub fn load(cfg: &DataConfig, data_dir: &std::path::Path) -> crate::error::Result<Splits> {
-    use crate::error::Error;
-    use crate::manifest::{self, Format, Role};
-
+pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
     if !(cfg.scale.is_finite() && cfg.scale > 0.0) {
         return Err(Error::config(
             "data.scale",
@@ -210,17 +212,17 @@ pub fn load(cfg: &DataConfig, data_dir: &std::path::Path) -> crate::error::Resul
         ),
         Format::Libsvm => {
             let features = spec.features.unwrap_or_else(|| spec.dim());
-            let read = |role| -> crate::error::Result<Dataset> {
+            let read = |role| -> Result<Dataset> {
                 let path = spec.path_of(role, data_dir)?;
-                let (x, y) = crate::libsvm::read(&path, features, &spec.labels)?;
+                let (x, y) = libsvm::read(&path, features, &spec.labels)?;
                 labelled(spec, &path, x, y)
             };
             (read(Role::Train)?, read(Role::Test)?)
         }
         Format::Csv => {
-            let read = |role| -> crate::error::Result<Dataset> {
+            let read = |role| -> Result<Dataset> {
                 let path = spec.path_of(role, data_dir)?;
-                let (x, y) = crate::csv::read(&path, spec.dim())?;
+                let (x, y) = csv::read(&path, spec.dim())?;
                 labelled(spec, &path, x, y)
             };
             if single_file {
@@ -237,19 +239,13 @@ pub fn load(cfg: &DataConfig, data_dir: &std::path::Path) -> crate::error::Resul
 }
 
 /// One IDX split: images as `f32` in `0..=255` with shape `[1, rows, cols]`, checked against the labels.
-fn load_idx(
-    spec: &crate::manifest::DatasetSpec,
-    data_dir: &std::path::Path,
-    images: crate::manifest::Role,
-    labels: crate::manifest::Role,
-) -> crate::error::Result<Dataset> {
-    use crate::error::Error;
+fn load_idx(spec: &DatasetSpec, data_dir: &Path, images: Role, labels: Role) -> Result<Dataset> {
     let (ipath, lpath) = (
         spec.path_of(images, data_dir)?,
         spec.path_of(labels, data_dir)?,
     );
-    let (n, rows, cols, pixels) = crate::idx::read_images(&ipath)?;
-    let y: Vec<u32> = crate::idx::read_labels(&lpath)?
+    let (n, rows, cols, pixels) = idx::read_images(&ipath)?;
+    let y: Vec<u32> = idx::read_labels(&lpath)?
         .into_iter()
         .map(u32::from)
         .collect();
@@ -276,21 +272,16 @@ fn load_idx(
 }
 
 /// Wraps parsed rows as a data set after checking every label is below the class count.
-fn labelled(
-    spec: &crate::manifest::DatasetSpec,
-    path: &std::path::Path,
-    x: Vec<f32>,
-    y: Vec<u32>,
-) -> crate::error::Result<Dataset> {
+fn labelled(spec: &DatasetSpec, path: &Path, x: Vec<f32>, y: Vec<u32>) -> Result<Dataset> {
     if y.is_empty() {
-        return Err(crate::error::Error::data(path, "holds no samples"));
+        return Err(Error::data(path, "holds no samples"));
     }
     if let Some((i, &c)) = y
         .iter()
         .enumerate()
         .find(|(_, &c)| c as usize >= spec.classes)
     {
-        return Err(crate::error::Error::data(
+        return Err(Error::data(
             path,
             format!(
                 "sample {i} has label {c}, but `{}` has {} classes (0..{})",
@@ -310,12 +301,7 @@ fn labelled(
 
 /// Splits a one-file data set: test = the first `round(n × test_fraction)` samples of the permutation
 /// `[split_seed, 0x5eed]`, train = the rest; both keep ascending original order.
-fn split_by_fraction(
-    cfg: &DataConfig,
-    name: &str,
-    all: Dataset,
-) -> crate::error::Result<(Dataset, Dataset)> {
-    use crate::error::Error;
+fn split_by_fraction(cfg: &DataConfig, name: &str, all: Dataset) -> Result<(Dataset, Dataset)> {
     let Some(fraction) = cfg.test_fraction else {
         return Err(Error::config(
             "data.test_fraction",
@@ -330,7 +316,7 @@ fn split_by_fraction(
             format!("{fraction} must be in (0, 1) and leave both splits non-empty ({n} samples)"),
         ));
     }
-    let perm = crate::rng::permutation(n, &[cfg.split_seed, 0x5eed]);
+    let perm = rng::permutation(n, &[cfg.split_seed, 0x5eed]);
     let (mut test_idx, mut train_idx) = (
         perm[..n_test as usize].to_vec(),
         perm[n_test as usize..].to_vec(),
@@ -415,7 +401,7 @@ mod load_tests {
         assert!(train.x.windows(2).all(|w| w[0] < w[1]) && test.x.windows(2).all(|w| w[0] < w[1]));
         all.sort_by(f32::total_cmp);
         assert_eq!(all, (0..10).map(|i| i as f32).collect::<Vec<_>>());
-        let perm = crate::rng::permutation(10, &[3, 0x5eed]);
+        let perm = rng::permutation(10, &[3, 0x5eed]);
         let mut want: Vec<f32> = perm[..3].iter().map(|&i| i as f32).collect();
         want.sort_by(f32::total_cmp);
         assert_eq!(test.x, want);
@@ -448,9 +434,9 @@ mod load_tests {
                 .flat_map(u32::to_be_bytes)
                 .collect()
         };
-        let mut images = header(crate::idx::IMAGES_MAGIC, &[3, 2, 2]);
+        let mut images = header(idx::IMAGES_MAGIC, &[3, 2, 2]);
         images.extend([0u8; 12]);
-        let mut labels = header(crate::idx::LABELS_MAGIC, &[2]);
+        let mut labels = header(idx::LABELS_MAGIC, &[2]);
         labels.extend([1u8, 0]);
         std::fs::write(dir.join("im"), images).unwrap();
         std::fs::write(dir.join("lb"), labels).unwrap();
@@ -463,8 +449,7 @@ mod load_tests {
         ] {
             toml += &format!("[[t.files]]\nrole = \"{role}\"\npath = \"{path}\"\nbytes = 0\nsha256 = \"{}\"\nurls = []\n", "0".repeat(64));
         }
-        let spec = crate::manifest::parse(&toml).unwrap().remove("t").unwrap();
-        use crate::manifest::Role;
+        let spec = manifest::parse(&toml).unwrap().remove("t").unwrap();
         let m = load_idx(&spec, &dir, Role::TrainImages, Role::TrainLabels)
             .unwrap_err()
             .to_string();
@@ -482,12 +467,10 @@ mod load_tests {
     fn unknown_data_set_and_bad_scale_are_config_errors() {
         let mut c = cfg(None);
         c.dataset = "nope".into();
-        let m = load(&c, std::path::Path::new("/nonexistent"))
-            .unwrap_err()
-            .to_string();
+        let m = load(&c, Path::new("/nonexistent")).unwrap_err().to_string();
         assert!(m.contains("data.dataset") && m.contains("digits"), "{m}");
         c.scale = 0.0;
-        assert!(load(&c, std::path::Path::new("/nonexistent"))
+        assert!(load(&c, Path::new("/nonexistent"))
             .unwrap_err()
             .to_string()
             .contains("data.scale"));

@@ -157,13 +157,18 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         if epochs_run % cfg.eval_every_epochs == 0 || epochs_run == cfg.epochs {
             let ev = evaluate(&mut model, &data.test, comm, epoch);
             if rank == 0 && opts.progress {
-                bar.println(format!(
+                let line = format!(
                     "epoch {epochs_run}/{}: train loss {:.4}  test loss {:.4}  test accuracy {:.2}%",
                     cfg.epochs,
                     epoch_loss.0 / epoch_loss.1.max(1) as f64,
                     ev.loss,
                     100.0 * ev.accuracy
-                ));
+                );
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                }
             }
             evals.push(ev);
         }
