@@ -1,0 +1,76 @@
+//! Shared helpers of the integration tests: where the data are, and running the `lbbsp` binary
+//! standalone or under real `mpirun`.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+/// The data folder: `LBBSP_DATA`, else `../shared/datasets` beside the checkout.
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("LBBSP_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/datasets")))
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_lbbsp")
+}
+
+/// A fresh scratch folder for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lbbsp-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+// Runs share two cores; one multi-rank job at a time keeps timings sane.
+static MPI_LOCK: Mutex<()> = Mutex::new(());
+
+/// `mpirun -n ranks lbbsp args...` (or the plain binary when `ranks == 0`), with the data folder set.
+/// Panics loudly when `mpirun` is missing: this tier must not silently pass.
+pub fn lbbsp(ranks: usize, args: &[&str]) -> Output {
+    let _guard = MPI_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = if ranks == 0 {
+        Command::new(bin())
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args(["-n", &ranks.to_string(), "--oversubscribe", "--bind-to", "none", bin()]);
+        c
+    };
+    cmd.args(args)
+        .env("LBBSP_DATA", data_dir())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot start {:?} (is OpenMPI installed?): {e}", cmd.get_program()));
+    out
+}
+
+/// Runs and asserts success, printing both streams on failure.
+pub fn lbbsp_ok(ranks: usize, args: &[&str]) -> Output {
+    let out = lbbsp(ranks, args);
+    assert!(
+        out.status.success(),
+        "lbbsp {args:?} on {ranks} rank(s) failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The `loss` column of a metrics file.
+pub fn losses(path: &std::path::Path) -> Vec<f64> {
+    lbbsp::metrics::read_records(path).unwrap().iter().map(|r| r.loss).collect()
+}
+
+pub fn summary(path: &std::path::Path) -> lbbsp::metrics::Summary {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Largest relative difference between two loss trajectories over their first `n` entries.
+pub fn max_rel_diff(a: &[f64], b: &[f64], n: usize) -> f64 {
+    assert!(a.len() >= n && b.len() >= n, "trajectories shorter than {n}: {} and {}", a.len(), b.len());
+    a[..n].iter().zip(&b[..n]).map(|(x, y)| (x - y).abs() / x.abs().max(1e-12)).fold(0.0, f64::max)
+}

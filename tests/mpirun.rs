@@ -1,0 +1,73 @@
+//! The mpirun tier: real `mpirun -n 2` and `-n 3 --oversubscribe` runs of the binary.
+
+mod common;
+use common::*;
+
+/// Loss per iteration of 2 and 3 ranks equals the 1-rank run (same seed) within 1e-4 relative.
+#[test]
+fn split_invariance_digits_1_2_3_ranks() {
+    let dir = scratch("split");
+    let mut trajectories = Vec::new();
+    for ranks in [0, 2, 3] {
+        let m = dir.join(format!("m{ranks}.jsonl"));
+        lbbsp_ok(ranks, &["train", "digits-mlp", "-q", "--set", "train.max_iters=100", "--metrics", m.to_str().unwrap()]);
+        let records = lbbsp::metrics::read_records(&m).unwrap();
+        assert_eq!(records.len(), 100);
+        assert_eq!(records[0].batch_sizes.len(), ranks.max(1));
+        trajectories.push(losses(&m));
+    }
+    for (k, t) in trajectories.iter().enumerate().skip(1) {
+        let d = max_rel_diff(&trajectories[0], t, 100);
+        assert!(d <= 1e-4, "run {k}: loss differs from 1 rank by {d:.2e} relative");
+    }
+}
+
+#[test]
+fn digits_mlp_accuracy_under_mpirun() {
+    let dir = scratch("digits");
+    let s = dir.join("s.json");
+    lbbsp_ok(2, &["train", "digits-mlp", "-q", "--summary", s.to_str().unwrap()]);
+    let sum = summary(&s);
+    assert_eq!(sum.world_size, 2);
+    assert!(sum.test_accuracy >= 0.96, "digits-mlp test accuracy {:.4}", sum.test_accuracy);
+    assert!(dir.join("s.recipe.toml").exists(), "resolved recipe is written next to the summary");
+}
+
+#[test]
+fn a9a_logreg_accuracy_under_mpirun() {
+    let dir = scratch("a9a");
+    let s = dir.join("s.json");
+    lbbsp_ok(2, &["train", "a9a-logreg", "-q", "--summary", s.to_str().unwrap()]);
+    let sum = summary(&s);
+    assert!(sum.test_accuracy >= 0.845, "a9a-logreg test accuracy {:.4}", sum.test_accuracy);
+}
+
+#[test]
+fn mnist_mlp_accuracy_in_three_epochs_under_mpirun() {
+    let dir = scratch("mnist");
+    let s = dir.join("s.json");
+    let m = dir.join("m.jsonl");
+    lbbsp_ok(2, &["train", "mnist-mlp", "-q", "--summary", s.to_str().unwrap(), "--metrics", m.to_str().unwrap()]);
+    let sum = summary(&s);
+    assert_eq!(sum.epochs, 3);
+    assert!(sum.test_accuracy >= 0.975, "mnist-mlp test accuracy {:.4}", sum.test_accuracy);
+    let records = lbbsp::metrics::read_records(&m).unwrap();
+    assert_eq!(records.len(), sum.iterations);
+    let used: usize = records.iter().filter(|r| r.epoch == 0).map(|r| r.global_batch).sum();
+    assert_eq!(used, 60_000, "every sample once per epoch");
+    for r in &records {
+        assert_eq!(r.batch_sizes.iter().sum::<usize>(), r.global_batch);
+        assert_eq!(r.compute_s.len(), 2);
+        assert_eq!(r.comm_s.len(), 2);
+    }
+}
+
+/// A failure on the ranks ends the whole job with a message, not a hang or a panic.
+#[test]
+fn impossible_batch_fails_cleanly_under_mpirun() {
+    let out = lbbsp(3, &["train", "digits-mlp", "-q", "--set", "train.global_batch=2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("train.global_batch") && err.contains("3 ranks"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
