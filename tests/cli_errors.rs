@@ -1,0 +1,87 @@
+//! Bad input through the command line: a clear message naming the file or field, a non-zero exit
+//! code, and no panic.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+fn fails_with(args: &[&str], data_dir: Option<&Path>, needles: &[&str]) {
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(args).env("LBBSP_DATA", data_dir.map_or_else(common::data_dir, Path::to_path_buf));
+    let out = cmd.output().expect("run lbbsp");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail; stderr:\n{err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: message lacks `{n}`:\n{err}");
+    }
+}
+
+/// A copy of the digits data set in a scratch folder, for damaging.
+fn digits_copy(name: &str) -> std::path::PathBuf {
+    let dir = scratch(name);
+    std::fs::create_dir_all(dir.join("sklearn-digits")).unwrap();
+    std::fs::copy(data_dir().join("sklearn-digits/digits.csv.gz"), dir.join("sklearn-digits/digits.csv.gz")).unwrap();
+    dir
+}
+
+#[test]
+fn unknown_recipe_key_is_named() {
+    let dir = scratch("badkey");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/digits-mlp.toml")).unwrap();
+    let p = dir.join("r.toml");
+    std::fs::write(&p, text.replace("global_batch", "global_bach")).unwrap();
+    fails_with(&["train", p.to_str().unwrap()], None, &["r.toml", "global_bach"]);
+    fails_with(&["train", "digits-mlp", "--set", "optimizer.momentun=0.5"], None, &["momentun"]);
+}
+
+#[test]
+fn impossible_batch_is_explained() {
+    fails_with(&["train", "digits-mlp", "--set", "train.global_batch=0"], None, &["train.global_batch"]);
+    fails_with(&["train", "digits-mlp", "--set", "balance.b_max=10"], None, &["balance.b_max"]);
+}
+
+#[test]
+fn missing_data_file_says_how_to_fetch() {
+    let dir = scratch("missing");
+    fails_with(&["train", "digits-mlp"], Some(&dir), &["digits.csv.gz", "lbbsp data fetch digits"]);
+}
+
+#[test]
+fn truncated_gzip_is_refused_naming_the_file() {
+    let dir = digits_copy("trunc");
+    let f = dir.join("sklearn-digits/digits.csv.gz");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(&["train", "digits-mlp"], Some(&dir), &["digits.csv.gz"]);
+}
+
+#[test]
+fn corrupted_file_is_refused_naming_the_file() {
+    let dir = digits_copy("corrupt");
+    let f = dir.join("sklearn-digits/digits.csv.gz");
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&f, &bytes).unwrap();
+    fails_with(&["train", "digits-mlp"], Some(&dir), &["digits.csv.gz", "checksum"]);
+}
+
+#[test]
+fn unknown_recipe_and_data_set_names() {
+    fails_with(&["train", "no-such-recipe"], None, &["no-such-recipe", "mnist-mlp"]);
+    fails_with(&["data", "verify", "cifar"], None, &["cifar", "mnist"]);
+}
+
+#[test]
+fn bad_slowdown_argument() {
+    fails_with(&["train", "digits-mlp", "--slowdown", "1-3"], None, &["RANK:FACTOR"]);
+    fails_with(&["train", "digits-mlp", "--slowdown", "5:2.0"], None, &["rank 5"]);
+}
+
+#[test]
+fn fetch_from_mirror_then_verify() {
+    let dir = scratch("fetch");
+    let out = lbbsp_ok(0, &["data", "fetch", "digits", "--data-dir", dir.to_str().unwrap(), "--mirror", data_dir().to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("digits"));
+    lbbsp_ok(0, &["data", "verify", "digits", "--data-dir", dir.to_str().unwrap()]);
+}
