@@ -21,6 +21,8 @@
 use crate::error::{Error, Result};
 use crate::shard::equal_split;
 use serde::{Deserialize, Serialize};
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
 
 /// How batch sizes are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -64,7 +66,7 @@ impl Default for BalanceConfig {
             b_max: None,
             forgetting: 0.8,
             ridge: 0.05,
-            outlier: 0.5,
+            outlier: 0.25,
             dead_band: 0.05,
             warmup_iters: 1,
         }
@@ -327,18 +329,37 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
         }
     }
     let mut sizes: Vec<usize> = (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
+    // Floors lose < 1 per rank, so fewer than n samples remain. Hand them out one at a time to the
+    // rank whose predicted time after taking one more is smallest (ties to the lower rank): for
+    // increasing per-rank costs this greedy fill reaches the optimal integer max.
+    let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> =
+        (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| Reverse((OrdF64(lines[i].at(sizes[i] + 1)), i))).collect();
     let mut assigned: usize = sizes.iter().sum();
-    // Floors lose < 1 per rank, so fewer than n samples remain: give each to the rank whose predicted
-    // time after taking it is smallest (ties to the lower rank), one per round.
     while assigned < total {
-        let mut order: Vec<usize> = (0..n).filter(|&i| sizes[i] < bounds[i].1).collect();
-        order.sort_by(|&a, &b| lines[a].at(sizes[a] + 1).total_cmp(&lines[b].at(sizes[b] + 1)).then(a.cmp(&b)));
-        for i in order.into_iter().take(total - assigned) {
-            sizes[i] += 1;
-            assigned += 1;
+        let Reverse((_, i)) = heap.pop().expect("Σ hi ≥ total leaves a rank with room");
+        sizes[i] += 1;
+        assigned += 1;
+        if sizes[i] < bounds[i].1 {
+            heap.push(Reverse((OrdF64(lines[i].at(sizes[i] + 1)), i)));
         }
     }
     sizes
+}
+
+/// Total order on f64 for the heap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@ struct Series {
 struct Panel {
     title: &'static str,
     y_desc: &'static str,
+    /// Decimals of the y tick labels [default: from the axis range].
+    y_decimals: Option<usize>,
     series: Vec<Series>,
 }
 
@@ -139,16 +141,19 @@ fn panels(runs: &[Run]) -> [Panel; 3] {
         Panel {
             title: "(a) batch size per rank",
             y_desc: "samples",
+            y_decimals: Some(0),
             series: per_rank(|r, k| r.batch_sizes[k] as f64),
         },
         Panel {
             title: "(b) compute time per rank",
             y_desc: "compute (ms)",
+            y_decimals: None,
             series: per_rank(|r, k| 1e3 * r.compute_s[k]),
         },
         Panel {
             title: "(c) iteration time",
             y_desc: "iteration (ms)",
+            y_decimals: None,
             series: iter_time,
         },
     ]
@@ -196,6 +201,11 @@ fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> 
     // Headroom above the data for the legend: one row of 22 px per series in a 300 px plot.
     let rows = panel.series.len() as f64;
     let y_max = (y_data / (1.0 - (rows * 22.0 + 16.0) / 300.0).max(0.4)).max(1e-9);
+    let decimals = panel.y_decimals.unwrap_or(match y_max {
+        m if m >= 20.0 => 0,
+        m if m >= 2.0 => 1,
+        _ => 2,
+    });
     let mut chart = ChartBuilder::on(area)
         .caption(panel.title, ("sans-serif", 18))
         .margin(8)
@@ -207,6 +217,8 @@ fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> 
         .configure_mesh()
         .x_desc("iteration")
         .y_desc(panel.y_desc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.decimals$}"))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .light_line_style(WHITE.mix(0.0))

@@ -1,0 +1,130 @@
+//! Property tests of the balancer (10,000 random cases each).
+
+use lbbsp::balance::{equalize, predicted_max, BalanceConfig, Balancer, Line, Observation, Policy};
+use lbbsp::shard::equal_split;
+use proptest::prelude::*;
+
+/// A random problem: lines with positive slopes, bounds and a feasible total.
+fn problem() -> impl Strategy<Value = (Vec<Line>, usize, Vec<(usize, usize)>)> {
+    (1usize..40).prop_flat_map(|n| {
+        (
+            prop::collection::vec((0.0f64..0.01, 1e-6f64..1e-2), n),
+            prop::collection::vec((1usize..8, 0usize..600), n),
+            0.0f64..=1.0,
+        )
+            .prop_map(|(ab, lohi, frac)| {
+                let lines: Vec<Line> = ab.into_iter().map(|(alpha, beta)| Line { alpha, beta }).collect();
+                let bounds: Vec<(usize, usize)> = lohi.into_iter().map(|(lo, extra)| (lo, lo + extra)).collect();
+                let lo: usize = bounds.iter().map(|b| b.0).sum();
+                let hi: usize = bounds.iter().map(|b| b.1).sum();
+                let total = lo + ((hi - lo) as f64 * frac).round() as usize;
+                (lines, total, bounds)
+            })
+    })
+}
+
+/// The best predicted slowest time of any integer split (exact, by bisection on T over integers).
+fn optimum(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> f64 {
+    // Largest b_i with t_i(b) ≤ T, for the smallest T at which the sum reaches `total`.
+    let fits = |t: f64| -> usize {
+        lines
+            .iter()
+            .zip(bounds)
+            .map(|(l, &(lo, hi))| {
+                if l.at(lo) > t {
+                    return 0;
+                }
+                (((t - l.alpha) / l.beta).floor().max(lo as f64) as usize).min(hi)
+            })
+            .sum()
+    };
+    let mut cands: Vec<f64> = Vec::new();
+    for (l, &(lo, hi)) in lines.iter().zip(bounds) {
+        cands.push(l.at(lo));
+        cands.push(l.at(hi));
+    }
+    let (mut a, mut b) = (cands.iter().cloned().fold(f64::INFINITY, f64::min), cands.iter().cloned().fold(0.0, f64::max));
+    for _ in 0..200 {
+        let m = 0.5 * (a + b);
+        if lines.iter().zip(bounds).all(|(l, &(lo, _))| l.at(lo) <= m) && fits(m) >= total {
+            b = m;
+        } else {
+            a = m;
+        }
+    }
+    b
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sum_bounds_determinism_and_quality((lines, total, bounds) in problem()) {
+        let sizes = equalize(&lines, total, &bounds);
+        prop_assert_eq!(sizes.iter().sum::<usize>(), total);
+        for (b, &(lo, hi)) in sizes.iter().zip(&bounds) {
+            prop_assert!(lo <= *b && *b <= hi);
+        }
+        prop_assert_eq!(&sizes, &equalize(&lines, total, &bounds));
+        // Never worse than the best integer split (so never worse than the equal split, when that is
+        // feasible), up to float noise.
+        let got = predicted_max(&lines, &sizes);
+        let best = optimum(&lines, total, &bounds);
+        prop_assert!(got <= best * (1.0 + 1e-9) + 1e-12, "got {} best {}", got, best);
+        let eq = equal_split(total, lines.len());
+        if eq.iter().zip(&bounds).all(|(b, &(lo, hi))| lo <= *b && *b <= hi) {
+            prop_assert!(got <= predicted_max(&lines, &eq) * (1.0 + 1e-9) + 1e-12);
+        }
+    }
+
+    /// A rank slows down by a factor: sizes move monotonically towards the new equilibrium and settle.
+    #[test]
+    fn step_change_converges_without_oscillation(
+        n in 2usize..9,
+        slow in 0usize..8,
+        factor in 1.5f64..6.0,
+        b_total in 64usize..1024,
+        noise_seed in any::<u64>(),
+    ) {
+        let slow = slow % n;
+        let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
+        prop_assume!(b_total >= n * cfg.b_min);
+        let mut bal = Balancer::new(&cfg, b_total, n).unwrap();
+        let mut rng = lbbsp::rng::Rng::from_keys(&[noise_seed]);
+        let per_sample = 1e-4;
+        let mut history = Vec::new();
+        for it in 0..60 {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .enumerate()
+                .map(|(r, &b)| {
+                    let f = if r == slow && it >= 20 { factor } else { 1.0 };
+                    // 2% multiplicative noise plus a fixed 0.2 ms overhead.
+                    let noise = 1.0 + 0.02 * (rng.next_f64() * 2.0 - 1.0);
+                    Observation { batch: b, compute_s: (2e-4 + per_sample * f * b as f64) * noise }
+                })
+                .collect();
+            bal.observe(&obs);
+            history.push(bal.sizes()[slow]);
+        }
+        // Equal-time share of the slow rank under the true model.
+        let lines: Vec<Line> = (0..n).map(|r| Line { alpha: 2e-4, beta: per_sample * if r == slow { factor } else { 1.0 } }).collect();
+        let target = equalize(&lines, b_total, &bal.bounds)[slow] as f64;
+        let after = &history[25..];
+        for &b in after {
+            prop_assert!((b as f64 - target).abs() <= 0.15 * target + 2.0, "size {} target {} history {:?}", b, target, history);
+        }
+        // No oscillation: once settled, the slow rank's size changes direction at most once.
+        let mut turns = 0;
+        let mut last_dir = 0i64;
+        for w in after.windows(2) {
+            let d = (w[1] as i64 - w[0] as i64).signum();
+            if d != 0 {
+                if last_dir != 0 && d != last_dir { turns += 1; }
+                last_dir = d;
+            }
+        }
+        prop_assert!(turns <= 1, "oscillates: {:?}", history);
+    }
+}
