@@ -173,6 +173,9 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
             summary.samples_per_s,
             summary.wall_s
         );
+        if comm.world_size() > 1 && !args.quiet {
+            eprint!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
+        }
     }
     Ok(())
 }

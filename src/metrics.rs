@@ -46,17 +46,37 @@ pub struct EvalResult {
 }
 
 /// Per-rank straggler statistics of a run.
+///
+/// "Waiting on rank k" in an iteration where k is the slowest is `t_k − mean of the other ranks'
+/// times`: how long the average other rank sat idle at the allreduce because of k.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StragglerReport {
     /// Per rank: mean compute seconds per iteration.
     pub mean_compute_s: Vec<f64>,
     /// Per rank: fraction of iterations in which it was the slowest.
     pub slowest_fraction: Vec<f64>,
-    /// Seconds plain BSP (equal split) would have spent waiting on the slowest rank in this run,
-    /// estimated from each rank's per-iteration throughput.
-    pub bsp_wait_estimate_s: f64,
-    /// Seconds this run actually spent waiting (sum over iterations of max − mean compute).
-    pub actual_wait_s: f64,
+    /// Per rank: seconds plain BSP (equal split) would have waited on it in this run, estimated from
+    /// each rank's measured seconds per sample in every iteration.
+    pub bsp_wait_s: Vec<f64>,
+    /// Per rank: seconds this run actually waited on it.
+    pub actual_wait_s: Vec<f64>,
+}
+
+impl std::fmt::Display for StragglerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "rank  mean compute   slowest   BSP would wait on it   this run waited on it")?;
+        for r in 0..self.mean_compute_s.len() {
+            writeln!(
+                f,
+                "{r:>4}  {:>9.2} ms  {:>6.1} %  {:>18.3} s  {:>21.3} s",
+                1e3 * self.mean_compute_s[r],
+                100.0 * self.slowest_fraction[r],
+                self.bsp_wait_s[r],
+                self.actual_wait_s[r]
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// The end-of-run summary.
@@ -130,34 +150,70 @@ pub fn read_records(path: &Path) -> Result<Vec<IterRecord>> {
 pub fn straggler_report(records: &[IterRecord]) -> StragglerReport {
     let world = records.first().map_or(0, |r| r.batch_sizes.len());
     let n = records.len().max(1) as f64;
-    let mut mean = vec![0.0; world];
-    let mut slowest = vec![0.0; world];
-    let (mut bsp_wait, mut actual_wait) = (0.0, 0.0);
+    let mut rep = StragglerReport {
+        mean_compute_s: vec![0.0; world],
+        slowest_fraction: vec![0.0; world],
+        bsp_wait_s: vec![0.0; world],
+        actual_wait_s: vec![0.0; world],
+    };
     for r in records {
-        let max = r.compute_s.iter().cloned().fold(0.0, f64::max);
-        let avg = r.compute_s.iter().sum::<f64>() / world as f64;
-        actual_wait += max - avg;
-        if let Some(i) = r.compute_s.iter().position(|&c| c == max) {
-            slowest[i] += 1.0 / n;
+        if let Some((k, wait)) = straggler(&r.compute_s) {
+            rep.slowest_fraction[k] += 1.0 / n;
+            rep.actual_wait_s[k] += wait;
         }
-        // Under an equal split each rank would take b_eq · (its seconds per sample).
+        // Under an equal split each rank would take B/N · (its seconds per sample).
         let b_eq = r.global_batch as f64 / world as f64;
-        let eq: Vec<f64> = r
-            .compute_s
-            .iter()
-            .zip(&r.batch_sizes)
-            .map(|(&c, &b)| if b > 0 { c / b as f64 * b_eq } else { 0.0 })
-            .collect();
-        let eq_max = eq.iter().cloned().fold(0.0, f64::max);
-        bsp_wait += eq_max - eq.iter().sum::<f64>() / world as f64;
-        for (m, c) in mean.iter_mut().zip(&r.compute_s) {
+        let eq: Vec<f64> = r.compute_s.iter().zip(&r.batch_sizes).map(|(&c, &b)| if b > 0 { c / b as f64 * b_eq } else { 0.0 }).collect();
+        if let Some((k, wait)) = straggler(&eq) {
+            rep.bsp_wait_s[k] += wait;
+        }
+        for (m, c) in rep.mean_compute_s.iter_mut().zip(&r.compute_s) {
             *m += c / n;
         }
     }
-    StragglerReport {
-        mean_compute_s: mean,
-        slowest_fraction: slowest,
-        bsp_wait_estimate_s: bsp_wait,
-        actual_wait_s: actual_wait,
+    rep
+}
+
+/// The slowest rank and how long the others wait on it on average.
+fn straggler(times: &[f64]) -> Option<(usize, f64)> {
+    if times.len() < 2 {
+        return None;
+    }
+    let k = (0..times.len()).max_by(|&a, &b| times[a].total_cmp(&times[b]))?;
+    let others = (times.iter().sum::<f64>() - times[k]) / (times.len() - 1) as f64;
+    Some((k, times[k] - others))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(sizes: Vec<usize>, compute: Vec<f64>) -> IterRecord {
+        IterRecord {
+            iter: 0,
+            epoch: 0,
+            loss: 1.0,
+            lr: 0.1,
+            global_batch: sizes.iter().sum(),
+            batch_sizes: sizes,
+            compute_s: compute,
+            wait_s: vec![],
+            comm_s: vec![],
+            interference_s: vec![],
+            cpu_share: vec![],
+            iter_s: 1.0,
+            samples_per_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn straggler_report_attributes_waiting() {
+        // Rank 1 is 3× slower per sample; this run already gave it a quarter of the batch.
+        let r = straggler_report(&[rec(vec![96, 32], vec![0.097, 0.096]), rec(vec![96, 32], vec![0.090, 0.100])]);
+        assert_eq!(r.slowest_fraction, vec![0.5, 0.5]);
+        assert!((r.actual_wait_s[0] - 0.001).abs() < 1e-12 && (r.actual_wait_s[1] - 0.010).abs() < 1e-12);
+        // Equal split (64 each): rank 0 would take 0.097/96·64, rank 1 0.096/32·64 = 0.192, then 0.06 and 0.2.
+        let want = (0.192 - 0.097 / 96.0 * 64.0) + (0.2 - 0.06);
+        assert!((r.bsp_wait_s[1] - want).abs() < 1e-9 && r.bsp_wait_s[0] == 0.0, "{:?}", r.bsp_wait_s);
     }
 }

@@ -32,7 +32,7 @@ struct Run {
 struct Series {
     label: String,
     color: RGBColor,
-    /// 0 draws a solid line; `k > 0` a dash pattern of its own.
+    /// 0 draws a solid line; `k > 0` the pattern `DASHES[k − 1]` (cycled).
     dash: usize,
     points: Vec<(f64, f64)>,
 }
@@ -56,6 +56,9 @@ const PALETTE: [RGBColor; 7] = [
     RGBColor(86, 180, 233),
     RGBColor(0, 0, 0),
 ];
+
+/// Dash patterns (pixels on, off) of the second, third... file in panels (a) and (b), cycled.
+const DASHES: [(i32, i32); 3] = [(8, 5), (2, 4), (16, 6)];
 
 const WIDTH: u32 = 1000;
 const PANEL_HEIGHT: u32 = 380;
@@ -225,21 +228,25 @@ fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> 
         .draw()?;
     for s in &panel.series {
         let style = s.color.stroke_width(2);
+        // Pixels on and off; a solid line is one long dash.
+        let (on, off) = if s.dash == 0 {
+            (24, 0)
+        } else {
+            DASHES[(s.dash - 1) % DASHES.len()]
+        };
         let anno = if s.dash == 0 {
             chart.draw_series(LineSeries::new(s.points.iter().copied(), style))?
         } else {
-            let (on, off) = (4 + 4 * s.dash as i32, 4);
-            chart.draw_series(DashedLineSeries::new(
-                s.points.iter().copied(),
-                on,
-                off,
-                style,
-            ))?
+            let points = s.points.iter().copied();
+            chart.draw_series(DashedLineSeries::new(points, on, off, style))?
         };
-        let dash = s.dash;
         anno.label(s.label.as_str()).legend(move |(x, y)| {
-            let on = if dash == 0 { 24 } else { 4 + 4 * dash as i32 };
-            plotters::element::DashedPathElement::new(vec![(x, y), (x + 24, y)], on, 4, style)
+            plotters::element::DashedPathElement::new(
+                vec![(x, y), (x + 24, y)],
+                on,
+                off.max(1),
+                style,
+            )
         });
     }
     chart
@@ -376,16 +383,13 @@ mod tests {
 
     #[test]
     fn shared_stems_fall_back_to_paths() {
-        let files = [
-            PathBuf::from("a/m.jsonl"),
-            PathBuf::from("b/m.jsonl"),
-            PathBuf::from("c/x.jsonl"),
-        ];
         let dir = tmp_dir("stem");
         let p = dir.join("m.jsonl");
         write_metrics(&p, &[record(0, vec![8], vec![0.01])]);
         let alone = load_run(&p, &[p.clone()]).unwrap().name;
-        let shared = load_run(&p, &[p.clone(), files[0].clone()]).unwrap().name;
+        let shared = load_run(&p, &[p.clone(), PathBuf::from("other/m.jsonl")])
+            .unwrap()
+            .name;
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(alone, "m");
         assert_eq!(shared, p.display().to_string());
