@@ -79,7 +79,10 @@ pub enum Pattern {
 impl Pattern {
     /// Builds and checks the pattern the arguments describe; reads the trace file if there is one.
     pub fn from_args(args: &InterfereArgs) -> Result<Pattern> {
-        let load = check_load("--load", args.load)?;
+        let load = args.load;
+        if !(0.0..=1.0).contains(&load) {
+            return Err(Error::config("--load", format!("{load} is outside [0, 1]")));
+        }
         match args.pattern {
             PatternKind::Constant => Ok(Pattern::Constant { load }),
             PatternKind::Square => {
@@ -110,25 +113,27 @@ impl fmt::Display for Pattern {
             Pattern::Square { load, on_s, off_s } => {
                 write!(
                     f,
-                    "square wave: load {load:.2} for {on_s} s, idle for {off_s} s"
+                    "square wave: load {load:.2} for {on_s} s, idle {off_s} s"
                 )
             }
             Pattern::Trace {
                 path,
                 points,
                 looped,
-            } => write!(
-                f,
-                "trace {} ({} steps over {} s, {})",
-                path.display(),
-                points.len(),
-                points.last().map_or(0.0, |p| p.0),
-                if *looped {
+            } => {
+                let end = points.last().map_or(0.0, |p| p.0);
+                let then = if *looped {
                     "looped"
                 } else {
                     "then holding the last load"
-                }
-            ),
+                };
+                write!(
+                    f,
+                    "trace {} ({} steps over {end} s, {then})",
+                    path.display(),
+                    points.len()
+                )
+            }
         }
     }
 }
@@ -222,9 +227,9 @@ pub fn parse_cores(list: &str, n_cpus: usize) -> Result<Vec<usize>> {
         return Err(bad("the core list is empty".into()));
     }
     if let Some(&c) = cores.iter().find(|&&c| c >= n_cpus) {
+        let last = n_cpus - 1;
         return Err(bad(format!(
-            "core {c} does not exist: this machine has cores 0-{}",
-            n_cpus - 1
+            "core {c} does not exist: this machine has cores 0-{last}"
         )));
     }
     Ok(cores)
@@ -247,14 +252,12 @@ pub fn run(args: &InterfereArgs) -> Result<()> {
         )?)),
         None => None,
     };
+    let n_threads = cores.len() * args.threads_per_core;
+    let until = duration.map_or("until killed".into(), |d| {
+        format!("for {} s", d.as_secs_f64())
+    });
     eprintln!(
-        "lbbsp interfere: {} burner thread(s) on core(s) {:?}, {pattern}, {}",
-        cores.len() * args.threads_per_core,
-        cores,
-        duration.map_or("until killed".to_string(), |d| format!(
-            "for {} s",
-            d.as_secs_f64()
-        ))
+        "lbbsp interfere: {n_threads} burner thread(s) on core(s) {cores:?}, {pattern}, {until}"
     );
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -276,9 +279,9 @@ pub fn run(args: &InterfereArgs) -> Result<()> {
         }));
     }
     drop(pinned_tx);
-    // Every thread reports its pinning once; on the first failure stop them all.
+    // Every thread reports its pinning once; on a failure stop them all.
     let mut result = Ok(());
-    for pinned in pinned_rx {
+    for pinned in pinned_rx.iter().take(n_threads) {
         if let Err(e) = pinned {
             stop.store(true, Ordering::Relaxed);
             result = result.and(Err(e));
@@ -314,10 +317,7 @@ fn spin_until(deadline: Instant) {
     let mut x = 1u64;
     while Instant::now() < deadline {
         for _ in 0..256 {
-            x = std::hint::black_box(
-                x.wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407),
-            );
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
         }
     }
     std::hint::black_box(x);
@@ -337,7 +337,7 @@ fn pin_to_core(core: usize) -> Result<()> {
         let e = std::io::Error::last_os_error();
         return Err(Error::config(
             "--cores",
-            format!("cannot pin a thread to core {core}: {e}"),
+            format!("cannot pin to core {core}: {e}"),
         ));
     }
     Ok(())
@@ -364,24 +364,16 @@ fn default_cores() -> Vec<usize> {
     }
 }
 
-fn check_load(field: &str, load: f64) -> Result<f64> {
-    if (0.0..=1.0).contains(&load) {
-        Ok(load)
-    } else {
-        Err(Error::config(field, format!("{load} is outside [0, 1]")))
-    }
-}
-
 fn positive_seconds(field: &str, value: Option<f64>) -> Result<f64> {
     match value {
         Some(s) if s.is_finite() && s > 0.0 => Ok(s),
         Some(s) => Err(Error::config(
             field,
-            format!("{s} must be a positive number of seconds"),
+            format!("{s} is not a positive number of seconds"),
         )),
         None => Err(Error::config(
             field,
-            "the square pattern needs --on SECONDS and --off SECONDS",
+            "the square pattern needs --on and --off SECONDS",
         )),
     }
 }
@@ -397,44 +389,40 @@ mod tests {
         args: InterfereArgs,
     }
 
-    fn args(argv: &[&str]) -> InterfereArgs {
-        Cli::try_parse_from(std::iter::once("interfere").chain(argv.iter().copied()))
-            .unwrap()
-            .args
+    /// Parses a space-separated argument string as clap would.
+    fn args(argv: &str) -> InterfereArgs {
+        let argv = std::iter::once("interfere").chain(argv.split_whitespace());
+        Cli::try_parse_from(argv).unwrap().args
     }
 
-    fn field_of(e: Error) -> String {
-        match e {
-            Error::Config { field, .. } => field,
-            other => panic!("expected a config error, got {other}"),
+    /// The field a config error names.
+    fn field<T: fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Err(Error::Config { field, .. }) => field,
+            other => panic!("expected a config error, got {other:?}"),
         }
     }
 
     #[test]
     fn constant_and_square_loads() {
-        let c = Pattern::from_args(&args(&["--load", "0.3"])).unwrap();
+        let c = Pattern::from_args(&args("--load 0.3")).unwrap();
         assert_eq!(c, Pattern::Constant { load: 0.3 });
-        assert_eq!(load_at(&c, 0.0), 0.3);
-        assert_eq!(load_at(&c, 1e6), 0.3);
-        let s =
-            Pattern::from_args(&args(&["--pattern", "square", "--on", "2", "--off", "1"])).unwrap();
-        let loads: Vec<f64> = [0.0, 1.9, 2.0, 2.9, 3.0, 4.5, 5.5, 3001.5]
-            .iter()
-            .map(|&t| load_at(&s, t))
-            .collect();
-        assert_eq!(loads, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]);
+        assert_eq!((load_at(&c, 0.0), load_at(&c, 1e6)), (0.3, 0.3));
+        let s = Pattern::from_args(&args("--pattern square --on 2 --off 1")).unwrap();
+        let at = [0.0, 1.9, 2.0, 2.9, 3.0, 4.5, 5.5, 3001.5].map(|t| load_at(&s, t));
+        assert_eq!(at, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]);
     }
 
     #[test]
     fn trace_is_piecewise_constant_holds_or_loops() {
-        let path = Path::new("t.txt");
         let text = "# time load\n\n1 0.5\n2.5 1   # full\n4 0\n";
-        let points = parse_trace(path, text).unwrap();
+        let points = parse_trace(Path::new("t.txt"), text).unwrap();
         assert_eq!(points, vec![(1.0, 0.5), (2.5, 1.0), (4.0, 0.0)]);
+        let (path, looped) = ("t.txt".into(), false);
         let mut p = Pattern::Trace {
-            path: path.into(),
+            path,
             points,
-            looped: false,
+            looped,
         };
         let at = |p: &Pattern| [0.5, 1.0, 2.4, 2.5, 3.9, 4.0, 100.0, 5.0].map(|t| load_at(p, t));
         assert_eq!(at(&p), [0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0]);
@@ -448,28 +436,18 @@ mod tests {
     #[test]
     fn trace_errors_name_file_and_line() {
         let path = Path::new("/x/trace.txt");
-        for (text, line, what) in [
-            ("0 0.5\n1 half\n", 2, "not a number"),
-            ("# c\n0 1.5\n", 2, "outside [0, 1]"),
-            ("0 0.5\n\n3 0.1 9\n", 3, "expected `time_s load`"),
-            ("2 0.5\n1 0.1\n", 2, "does not come after"),
-            ("-1 0.5\n", 1, "≥ 0"),
+        for (text, what) in [
+            ("0 0.5\n1 half\n", "line 2: load `half` is not a number"),
+            ("# c\n0 1.5\n", "line 2: load 1.5 is outside [0, 1]"),
+            ("0 0.5\n\n3 0.1 9\n", "line 3: expected `time_s load`"),
+            ("2 0.5\n1 0.1\n", "line 2: time 1 does not come after"),
+            ("-1 0.5\n", "line 1: time -1 must be"),
+            ("# only a comment\n", "no `time_s load` lines"),
         ] {
             let msg = parse_trace(path, text).unwrap_err().to_string();
-            assert!(msg.starts_with("/x/trace.txt: "), "{msg}");
-            assert!(
-                msg.contains(&format!("line {line}:")) && msg.contains(what),
-                "{msg}"
-            );
+            assert!(msg.starts_with(&format!("/x/trace.txt: {what}")), "{msg}");
         }
-        let msg = parse_trace(path, "# only a comment\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("/x/trace.txt") && msg.contains("no `time_s load`"),
-            "{msg}"
-        );
-        let missing = args(&["--pattern", "trace", "--trace", "/nonexistent/tr.txt"]);
+        let missing = args("--pattern trace --trace /nonexistent/tr.txt");
         let msg = Pattern::from_args(&missing).unwrap_err().to_string();
         assert!(msg.contains("/nonexistent/tr.txt"), "{msg}");
     }
@@ -478,55 +456,31 @@ mod tests {
     fn trace_file_is_read() {
         let path = std::env::temp_dir().join(format!("lbbsp-trace-{}.txt", std::process::id()));
         std::fs::write(&path, "0 0.2\n10 0.8\n").unwrap();
-        let p = Pattern::from_args(&args(&[
-            "--pattern",
-            "trace",
-            "--trace",
-            path.to_str().unwrap(),
-            "--loop",
-        ]));
+        let argv = format!("--pattern trace --loop --trace {}", path.display());
+        let p = Pattern::from_args(&args(&argv));
         std::fs::remove_file(&path).unwrap();
         let p = p.unwrap();
-        assert_eq!(
-            (load_at(&p, 5.0), load_at(&p, 10.0), load_at(&p, 15.0)),
-            (0.2, 0.2, 0.2)
-        );
+        assert_eq!([5.0, 10.0, 15.0].map(|t| load_at(&p, t)), [0.2, 0.2, 0.2]);
         assert!(p.to_string().contains("looped"));
     }
 
     #[test]
     fn bad_arguments_are_config_errors() {
+        for (argv, name) in [
+            ("--load 1.5", "--load"),
+            ("--load NaN", "--load"),
+            ("--pattern square --off 1", "--on"),
+            ("--pattern square --on 1 --off 0", "--off"),
+            ("--pattern trace", "--trace"),
+        ] {
+            assert_eq!(field(Pattern::from_args(&args(argv))), name, "{argv}");
+        }
         assert_eq!(
-            field_of(Pattern::from_args(&args(&["--load", "1.5"])).unwrap_err()),
-            "--load"
-        );
-        assert_eq!(
-            field_of(Pattern::from_args(&args(&["--load", "NaN"])).unwrap_err()),
-            "--load"
-        );
-        assert_eq!(
-            field_of(
-                Pattern::from_args(&args(&["--pattern", "square", "--off", "1"])).unwrap_err()
-            ),
-            "--on"
-        );
-        let zero_off = args(&["--pattern", "square", "--on", "1", "--off", "0"]);
-        assert_eq!(
-            field_of(Pattern::from_args(&zero_off).unwrap_err()),
-            "--off"
-        );
-        assert_eq!(
-            field_of(Pattern::from_args(&args(&["--pattern", "trace"])).unwrap_err()),
-            "--trace"
-        );
-        assert_eq!(
-            field_of(run(&args(&["--threads-per-core", "0", "--cores", "0"])).unwrap_err()),
+            field(run(&args("--threads-per-core 0 --cores 0"))),
             "--threads-per-core"
         );
-        assert_eq!(
-            field_of(run(&args(&["--duration=-1", "--cores", "0"])).unwrap_err()),
-            "--duration"
-        );
+        assert_eq!(field(run(&args("--duration=-1 --cores 0"))), "--duration");
+        assert_eq!(field(run(&args("--cores 0,99999"))), "--cores");
     }
 
     #[test]
@@ -540,26 +494,16 @@ mod tests {
             ("3-1", "`3-1`"),
             ("0,2", "core 2 does not exist"),
         ] {
-            let e = parse_cores(list, 2).unwrap_err();
-            let msg = e.to_string();
-            assert!(msg.contains(what), "{list:?}: {msg}");
-            assert_eq!(field_of(e), "--cores");
+            let e = parse_cores(list, 2);
+            assert!(format!("{e:?}").contains(what), "{list:?}: {e:?}");
+            assert_eq!(field(e), "--cores");
         }
     }
 
     #[test]
     fn short_run_burns_then_returns() {
-        let t = Instant::now();
-        let cpu0 = crate::profile::process_cpu_s();
-        run(&args(&[
-            "--cores",
-            "0",
-            "--load",
-            "0.5",
-            "--duration",
-            "0.2",
-        ]))
-        .unwrap();
+        let (t, cpu0) = (Instant::now(), crate::profile::process_cpu_s());
+        run(&args("--cores 0 --load 0.5 --duration 0.2")).unwrap();
         let (wall, cpu) = (
             t.elapsed().as_secs_f64(),
             crate::profile::process_cpu_s() - cpu0,

@@ -19,6 +19,10 @@ struct Cli {
 enum Cmd {
     /// Train a recipe: one rank standalone, N ranks under `mpirun -n N lbbsp train ...`.
     Train(TrainArgs),
+    /// Burn CPU on some cores following a load pattern: a co-located job for experiments.
+    Interfere(lbbsp::interfere::InterfereArgs),
+    /// Plot per-iteration metrics (JSONL) of one or more runs to an SVG.
+    Plot(lbbsp::plot::PlotArgs),
     /// Download, copy or verify data sets.
     Data {
         #[command(subcommand)]
@@ -99,6 +103,8 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Train(args) => run_train(args),
         Cmd::Data { cmd } => run_data(cmd),
+        Cmd::Interfere(args) => lbbsp::interfere::run(&args).map_err(Into::into),
+        Cmd::Plot(args) => lbbsp::plot::run(&args).map_err(Into::into),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -386,7 +386,7 @@ mod tests {
         let dir = tmp_dir("stem");
         let p = dir.join("m.jsonl");
         write_metrics(&p, &[record(0, vec![8], vec![0.01])]);
-        let alone = load_run(&p, &[p.clone()]).unwrap().name;
+        let alone = load_run(&p, std::slice::from_ref(&p)).unwrap().name;
         let shared = load_run(&p, &[p.clone(), PathBuf::from("other/m.jsonl")])
             .unwrap()
             .name;

@@ -84,6 +84,25 @@ mod tests {
     }
 
     #[test]
+    fn every_sample_once_with_changing_sizes() {
+        let mut rng = crate::rng::Rng::from_keys(&[11]);
+        let plan = EpochPlan::new(777, 64, 3, 0);
+        let mut seen = vec![0; 777];
+        for t in 0..plan.iterations() {
+            let batch = plan.batch(t);
+            let raw: Vec<usize> = (0..4).map(|_| 1 + rng.below(40)).collect();
+            let sizes = rescale(&raw, batch.len());
+            assert_eq!(sizes.iter().sum::<usize>(), batch.len());
+            for r in 0..4 {
+                for &i in &batch[slice_for(&sizes, r)] {
+                    seen[i] += 1;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
     fn splits() {
         assert_eq!(equal_split(10, 3), vec![4, 3, 3]);
         assert_eq!(slice_for(&[4, 3, 3], 2), 7..10);

@@ -256,7 +256,16 @@ fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
 fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
     for s in slowdowns {
         if s.rank == rank && iter >= s.from_iter && s.factor > 1.0 {
-            std::thread::sleep(took.mul_f64(s.factor - 1.0));
+            // Sleep most of the extra time, then spin to the deadline: waking an idle (virtual)
+            // CPU can take a millisecond or more, which would add a fixed cost the factor does not ask for.
+            let deadline = Instant::now() + took.mul_f64(s.factor - 1.0);
+            let margin = Duration::from_micros(1500);
+            if let Some(nap) = deadline.checked_duration_since(Instant::now() + margin) {
+                std::thread::sleep(nap);
+            }
+            while Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
         }
     }
 }
