@@ -1,12 +1,17 @@
 //! The LB-BSP balancer: per-rank linear models of compute time, and the batch split that makes all
 //! ranks finish together.
 //!
-//! Each rank `i` is modelled as `t_i(b) = α_i + β_i·b`, fitted online by weighted least squares with
-//! exponential forgetting `λ` over the observed `(b_i, t_i)` of past iterations, with a ridge pull of
-//! `α_i` towards 0 (so that, before `b_i` has varied, the fit is the proportional model
-//! `β_i = t_i/b_i`). A single observation far from the prediction is held back as a possible outlier
-//! (a page fault, a scheduler hiccup); a second one in the same direction means the rank's speed
-//! really changed, so the old history is dropped and the fit restarts from the two new points.
+//! Each rank `i` is modelled as `t_i(b) = α_i + β_i·b`, fitted online by weighted least squares
+//! with exponential forgetting over the observed `(b_i, t_i)` of past iterations, in two layers: the
+//! slope `β_i` from a slowly forgotten history (λ_s), because only iterations in which `b_i` differed
+//! tell anything about it and sizes often stay put for long stretches; the level (the prediction at
+//! the recent sizes) from a quickly forgotten one (λ), so that speed drifts are followed at once.
+//! Before `b_i` has varied the fit is the proportional model `t = β·b`, and the first iterations
+//! after the warm-up deliberately probe sizes ±25% around the equal split so the fixed cost `α_i`
+//! is measured early. An observation far from the prediction is held back as a possible outlier
+//! (a page fault, a scheduler hiccup); a second one in the same direction and of about the same size
+//! means the rank's speed really changed: CPU contention stretches fixed and per-sample costs alike,
+//! so the history is rescaled by the observed ratio and the fit continues from there.
 //!
 //! Given the fits, [`equalize`] chooses integer sizes with `Σ b_i = B` and `lo_i ≤ b_i ≤ hi_i` that
 //! minimise the predicted slowest time: the continuous optimum sets every unconstrained rank to the
@@ -46,16 +51,22 @@ pub struct BalanceConfig {
     pub b_min: usize,
     /// Largest batch a rank may get (e.g. a memory cap); `None` means B.
     pub b_max: Option<usize>,
-    /// Forgetting factor λ of the least-squares fits (weight of an observation `k` iterations old is λ^k).
+    /// Forgetting factor λ of the level of the fits (weight of an observation `k` iterations old is λ^k).
     pub forgetting: f64,
-    /// Ridge strength pulling α towards 0, relative to the total weight of the history.
-    pub ridge: f64,
+    /// Forgetting factor λ_s of the slope of the fits (closer to 1: the slope is learned from the
+    /// iterations in which sizes differed, which may be long ago).
+    pub slope_forgetting: f64,
     /// Relative deviation from the prediction beyond which an observation is a suspected outlier.
     pub outlier: f64,
     /// Keep the current split unless the new one is predicted faster by more than this fraction.
     pub dead_band: f64,
     /// Iterations at the start whose timings are ignored (cold caches, lazy page faults).
     pub warmup_iters: usize,
+    /// Iterations after the warm-up in which `lbbsp` alternates sizes by ±`probe_amplitude`, so
+    /// that each rank's fixed cost α is measured before it matters.
+    pub probe_iters: usize,
+    /// Relative size change of the probing iterations.
+    pub probe_amplitude: f64,
 }
 
 impl Default for BalanceConfig {
@@ -64,11 +75,13 @@ impl Default for BalanceConfig {
             policy: Policy::Bsp,
             b_min: 1,
             b_max: None,
-            forgetting: 0.8,
-            ridge: 0.05,
+            forgetting: 0.9,
+            slope_forgetting: 0.995,
             outlier: 0.25,
-            dead_band: 0.05,
+            dead_band: 0.002,
             warmup_iters: 1,
+            probe_iters: 4,
+            probe_amplitude: 0.25,
         }
     }
 }
@@ -87,8 +100,17 @@ impl BalanceConfig {
         if !(self.forgetting > 0.0 && self.forgetting <= 1.0) {
             return Err(Error::config("balance.forgetting", "must be in (0, 1]"));
         }
-        if !(self.ridge >= 0.0 && self.outlier > 0.0 && (0.0..1.0).contains(&self.dead_band)) {
-            return Err(Error::config("balance", "ridge must be ≥ 0, outlier > 0 and dead_band in [0, 1)"));
+        if !(self.slope_forgetting > 0.0 && self.slope_forgetting <= 1.0) {
+            return Err(Error::config("balance.slope_forgetting", "must be in (0, 1]"));
+        }
+        if !(self.outlier > 0.0) {
+            return Err(Error::config("balance.outlier", "must be > 0"));
+        }
+        if !(0.0..1.0).contains(&self.dead_band) {
+            return Err(Error::config("balance.dead_band", "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&self.probe_amplitude) {
+            return Err(Error::config("balance.probe_amplitude", "must be in [0, 1)"));
         }
         let _ = global_batch;
         Ok(())
@@ -131,83 +153,114 @@ impl Line {
     }
 }
 
-/// Online weighted least squares of one rank's `(b, t)` history.
+/// Exponentially weighted sums of `(b, t)` pairs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+struct Sums {
+    w: f64,
+    b: f64,
+    t: f64,
+    bb: f64,
+    bt: f64,
+}
+
+impl Sums {
+    fn add(&mut self, lambda: f64, b: f64, t: f64, w: f64) {
+        for s in [&mut self.w, &mut self.b, &mut self.t, &mut self.bb, &mut self.bt] {
+            *s *= lambda;
+        }
+        self.w += w;
+        self.b += w * b;
+        self.t += w * t;
+        self.bb += w * b * b;
+        self.bt += w * b * t;
+    }
+    /// Least-squares slope, if the sizes varied enough to tell one.
+    fn slope(&self) -> Option<f64> {
+        let var = self.w * self.bb - self.b * self.b;
+        (var > 1e-9 * self.w * self.bb).then(|| (self.w * self.bt - self.b * self.t) / var)
+    }
+}
+
+/// Online two-layer fit of one rank's `(b, t)` history (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankFit {
-    s0: f64,
-    sb: f64,
-    st: f64,
-    sbb: f64,
-    sbt: f64,
-    /// A suspected outlier `(b, t, sign)` waiting for confirmation.
+    fast: Sums,
+    slow: Sums,
+    /// A suspected outlier `(b, t, t/predicted)` waiting for confirmation.
     pending: Option<(f64, f64, f64)>,
+    /// Size of the previous observation.
+    last_b: f64,
 }
 
 impl RankFit {
-    fn add(&mut self, b: f64, t: f64) {
-        self.s0 += 1.0;
-        self.sb += b;
-        self.st += t;
-        self.sbb += b * b;
-        self.sbt += b * t;
-    }
-
-    fn decay(&mut self, f: f64) {
-        for s in [&mut self.s0, &mut self.sb, &mut self.st, &mut self.sbb, &mut self.sbt] {
-            *s *= f;
-        }
-    }
-
     /// The current fit, or `None` before any observation.
-    pub fn line(&self, ridge: f64) -> Option<Line> {
-        if self.s0 <= 0.0 || self.sb <= 0.0 {
+    pub fn line(&self) -> Option<Line> {
+        let f = &self.fast;
+        if f.w <= 0.0 || f.b <= 0.0 || f.t <= 0.0 {
             return None;
         }
-        // Minimise Σ w (t − α − βb)² + ρ α², ρ = ridge · Σw.
-        let rho = ridge * self.s0;
-        let (a11, a12, a22) = (self.s0 + rho, self.sb, self.sbb);
-        let det = a11 * a22 - a12 * a12;
+        let (b_mean, t_mean) = (f.b / f.w, f.t / f.w);
         let proportional = Line {
             alpha: 0.0,
-            beta: (self.st / self.sb).max(1e-12),
+            beta: (t_mean / b_mean).max(1e-12),
         };
-        if det <= 1e-12 * a11 * a22 {
-            return Some(proportional);
+        match self.slow.slope() {
+            Some(beta) if beta > 0.0 && beta.is_finite() => {
+                let alpha = t_mean - beta * b_mean;
+                Some(if alpha >= 0.0 { Line { alpha, beta } } else { proportional })
+            }
+            _ => Some(proportional),
         }
-        let alpha = (a22 * self.st - a12 * self.sbt) / det;
-        let beta = (a11 * self.sbt - a12 * self.st) / det;
-        if alpha < 0.0 || beta <= 0.0 || !alpha.is_finite() || !beta.is_finite() {
-            return Some(proportional);
-        }
-        Some(Line { alpha, beta })
+    }
+
+    fn add(&mut self, cfg: &BalanceConfig, b: f64, t: f64, w: f64) {
+        self.fast.add(cfg.forgetting, b, t, w);
+        self.slow.add(cfg.slope_forgetting, b, t, w);
     }
 
     /// Feeds one observation with the config's forgetting and outlier rule.
+    ///
+    /// At an unchanged size (within 10% of the previous one), within ±`HUBER` of the prediction an
+    /// observation has full weight; beyond, its weight falls as
+    /// `HUBER/|deviation|` (Huber), and beyond `cfg.outlier` it is held back. A second held-back
+    /// observation in the same direction and of about the same size (within 25%) means the rank's
+    /// speed changed: every past time is rescaled by the observed ratio (which scales α and β alike,
+    /// the fit being linear in t) and both new points are added.
     pub fn observe(&mut self, b: usize, t: f64, cfg: &BalanceConfig) {
-        if b == 0 || !(t.is_finite() && t >= 0.0) {
+        const HUBER: f64 = 0.1;
+        if b == 0 || !(t.is_finite() && t > 0.0) {
             return;
         }
         let b = b as f64;
-        if let Some(line) = self.line(cfg.ridge) {
-            let pred = line.alpha + line.beta * b;
-            let rel = t / pred.max(1e-12) - 1.0;
+        let moved = (b - self.last_b).abs() > 0.1 * self.last_b;
+        self.last_b = b;
+        let mut weight = 1.0;
+        // After a size change a surprise says more about the line's shape than about the rank's
+        // speed: such observations are learned from in full, never held back.
+        if let Some(line) = self.line().filter(|_| !moved) {
+            let ratio = t / (line.alpha + line.beta * b).max(1e-12);
+            let rel = ratio - 1.0;
             if rel.abs() > cfg.outlier {
-                let sign = rel.signum();
                 match self.pending.take() {
-                    Some((pb, pt, ps)) if ps == sign => {
-                        // Two in a row, same direction: the speed changed. Restart from them.
-                        self.decay(0.0);
-                        self.add(pb, pt);
-                        self.add(b, t);
+                    Some((pb, pt, pratio)) if (pratio - 1.0).signum() == rel.signum() && (ratio / pratio).ln().abs() < 1.25f64.ln() => {
+                        let r = (ratio * pratio).sqrt();
+                        for s in [&mut self.fast, &mut self.slow] {
+                            s.t *= r;
+                            s.bt *= r;
+                        }
+                        self.add(cfg, pb, pt, 1.0);
+                        self.add(cfg, b, t, 1.0);
                     }
-                    _ => self.pending = Some((b, t, sign)),
+                    _ => self.pending = Some((b, t, ratio)),
                 }
                 return;
             }
+            if rel.abs() > HUBER {
+                weight = HUBER / rel.abs();
+            }
         }
         self.pending = None;
-        self.decay(cfg.forgetting);
-        self.add(b, t);
+        self.add(cfg, b, t, weight);
     }
 }
 
@@ -267,11 +320,37 @@ impl Balancer {
             tot.0 += o.batch as f64;
             tot.1 += o.compute_s;
         }
-        if self.cfg.policy == Policy::Lbbsp {
-            let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line(self.cfg.ridge)).collect();
+        if self.cfg.policy == Policy::Lbbsp && self.seen < self.cfg.warmup_iters + self.cfg.probe_iters {
+            self.sizes = self.probe(self.seen);
+        } else if self.cfg.policy == Policy::Lbbsp {
+            let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line()).collect();
             if let Some(lines) = lines {
                 self.adopt(&lines);
             }
+        }
+    }
+
+    /// The equal split with every other rank moved up or down by the probe amplitude (alternating
+    /// with `k`), re-summed to B; the equal split if that would break a bound.
+    fn probe(&self, k: usize) -> Vec<usize> {
+        let base = equal_split(self.global_batch, self.sizes.len());
+        let raw: Vec<usize> = base
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                let d = (b as f64 * self.cfg.probe_amplitude).round() as usize;
+                if (i + k) % 2 == 0 {
+                    b + d
+                } else {
+                    b.saturating_sub(d)
+                }
+            })
+            .collect();
+        let probe = crate::shard::rescale(&raw, self.global_batch);
+        if probe.iter().zip(&self.bounds).all(|(b, &(lo, hi))| lo <= *b && *b <= hi) {
+            probe
+        } else {
+            base
         }
     }
 
@@ -284,9 +363,13 @@ impl Balancer {
         self.epoch_totals.iter_mut().for_each(|t| *t = (0.0, 0.0));
     }
 
-    /// Takes the equalised split unless it beats the current one by less than the dead-band.
+    /// Takes the equalised split unless it beats the current one by less than the dead-band. A
+    /// rank's size at most halves or doubles per iteration (a trust region: the fits are only
+    /// reliable near sizes already seen), so a large change takes a few steps.
     fn adopt(&mut self, lines: &[Line]) {
-        let proposal = equalize(lines, self.global_batch, &self.bounds);
+        let trust: Vec<(usize, usize)> =
+            self.sizes.iter().zip(&self.bounds).map(|(&b, &(lo, hi))| ((b / 2).max(lo), (2 * b + 1).min(hi))).collect();
+        let proposal = equalize(lines, self.global_batch, &trust);
         let now = predicted_max(lines, &self.sizes);
         let new = predicted_max(lines, &proposal);
         if new < now * (1.0 - self.cfg.dead_band) {
@@ -395,14 +478,14 @@ mod tests {
     fn fit_recovers_a_line() {
         let cfg = BalanceConfig {
             forgetting: 1.0,
-            ridge: 0.0,
+            slope_forgetting: 1.0,
             ..Default::default()
         };
         let mut f = RankFit::default();
         for b in [10, 20, 30, 40, 25] {
             f.observe(b, 0.5 + 0.1 * b as f64, &cfg);
         }
-        let l = f.line(0.0).unwrap();
+        let l = f.line().unwrap();
         assert!((l.alpha - 0.5).abs() < 1e-9 && (l.beta - 0.1).abs() < 1e-9, "{l:?}");
     }
 
@@ -414,10 +497,10 @@ mod tests {
             f.observe(64, 0.064, &cfg);
         }
         f.observe(64, 0.64, &cfg);
-        assert!((f.line(cfg.ridge).unwrap().at(64) - 0.064).abs() < 1e-9);
+        assert!((f.line().unwrap().at(64) - 0.064).abs() < 1e-9);
         f.observe(64, 0.064, &cfg);
         f.observe(64, 0.192, &cfg);
         f.observe(64, 0.192, &cfg);
-        assert!((f.line(cfg.ridge).unwrap().at(64) - 0.192).abs() < 1e-6);
+        assert!((f.line().unwrap().at(64) - 0.192).abs() < 1e-6);
     }
 }

@@ -24,7 +24,7 @@ use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it sleeps
+/// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it waits
 /// `(factor − 1) ×` its measured compute time), to make a deterministic straggler.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slowdown {
@@ -256,11 +256,11 @@ fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
 fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
     for s in slowdowns {
         if s.rank == rank && iter >= s.from_iter && s.factor > 1.0 {
-            // Sleep most of the extra time, then spin to the deadline: waking an idle (virtual)
-            // CPU can take a millisecond or more, which would add a fixed cost the factor does not ask for.
+            // Sleep most of the extra time (freeing the core, as a rank descheduled by a co-located
+            // job would), then spin to the deadline: waking an idle (virtual) CPU can take a
+            // millisecond or more, a fixed cost the factor does not ask for.
             let deadline = Instant::now() + took.mul_f64(s.factor - 1.0);
-            let margin = Duration::from_micros(1500);
-            if let Some(nap) = deadline.checked_duration_since(Instant::now() + margin) {
+            if let Some(nap) = deadline.checked_duration_since(Instant::now() + Duration::from_millis(2)) {
                 std::thread::sleep(nap);
             }
             while Instant::now() < deadline {

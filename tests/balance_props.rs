@@ -77,9 +77,12 @@ proptest! {
         }
     }
 
-    /// A rank slows down by a factor: sizes move monotonically towards the new equilibrium and settle.
+    /// A rank slows down by a factor: sizes move towards the new equilibrium and settle without
+    /// oscillating. When the slowdown stretches fixed and per-sample costs alike (CPU contention),
+    /// they settle within 5 iterations; when only per-sample costs grow, within 12.
     #[test]
     fn step_change_converges_without_oscillation(
+        alpha_scales in any::<bool>(),
         n in 2usize..9,
         slow in 0usize..8,
         factor in 1.5f64..6.0,
@@ -88,7 +91,8 @@ proptest! {
     ) {
         let slow = slow % n;
         let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
-        prop_assume!(b_total >= n * cfg.b_min);
+        // Shares of a handful of samples are dominated by integer rounding; keep ≥ 16 per rank.
+        prop_assume!(b_total >= 16 * n);
         let mut bal = Balancer::new(&cfg, b_total, n).unwrap();
         let mut rng = lbbsp::rng::Rng::from_keys(&[noise_seed]);
         let per_sample = 1e-4;
@@ -102,25 +106,32 @@ proptest! {
                     let f = if r == slow && it >= 20 { factor } else { 1.0 };
                     // 2% multiplicative noise plus a fixed 0.2 ms overhead.
                     let noise = 1.0 + 0.02 * (rng.next_f64() * 2.0 - 1.0);
-                    Observation { batch: b, compute_s: (2e-4 + per_sample * f * b as f64) * noise }
+                    let alpha = if alpha_scales { 2e-4 * f } else { 2e-4 };
+                    Observation { batch: b, compute_s: (alpha + per_sample * f * b as f64) * noise }
                 })
                 .collect();
             bal.observe(&obs);
             history.push(bal.sizes()[slow]);
         }
         // Equal-time share of the slow rank under the true model.
-        let lines: Vec<Line> = (0..n).map(|r| Line { alpha: 2e-4, beta: per_sample * if r == slow { factor } else { 1.0 } }).collect();
+        let f = |r: usize| if r == slow { factor } else { 1.0 };
+        let lines: Vec<Line> = (0..n)
+            .map(|r| Line { alpha: if alpha_scales { 2e-4 * f(r) } else { 2e-4 }, beta: per_sample * f(r) })
+            .collect();
         let target = equalize(&lines, b_total, &bal.bounds)[slow] as f64;
-        let after = &history[25..];
+        let after = &history[if alpha_scales { 25 } else { 32 }..];
         for &b in after {
             prop_assert!((b as f64 - target).abs() <= 0.15 * target + 2.0, "size {} target {} history {:?}", b, target, history);
         }
-        // No oscillation: once settled, the slow rank's size changes direction at most once.
+        // No oscillation: once settled, moves larger than rounding jitter (one sample, or 2% of the
+        // target) change direction at most once.
+        let jitter = (0.02 * target).max(1.0);
         let mut turns = 0;
         let mut last_dir = 0i64;
         for w in after.windows(2) {
-            let d = (w[1] as i64 - w[0] as i64).signum();
-            if d != 0 {
+            let step = w[1] as f64 - w[0] as f64;
+            if step.abs() > jitter {
+                let d = step.signum() as i64;
                 if last_dir != 0 && d != last_dir { turns += 1; }
                 last_dir = d;
             }
