@@ -9,8 +9,8 @@
 //! Before `b_i` has varied the fit is the proportional model `t = β·b`, and the first iterations
 //! after the warm-up deliberately probe sizes ±25% around the equal split so the fixed cost `α_i`
 //! is measured early. An observation far from the prediction is held back as a possible outlier
-//! (a page fault, a scheduler hiccup); a second one in the same direction and of about the same size
-//! means the rank's speed really changed: CPU contention stretches fixed and per-sample costs alike,
+//! (a page fault, a scheduler hiccup); a few in a row in the same direction and of about the same
+//! size mean the rank's speed really changed: CPU contention stretches fixed and per-sample costs alike,
 //! so the history is rescaled by the observed ratio and the fit continues from there.
 //!
 //! Given the fits, [`equalize`] chooses integer sizes with `Σ b_i = B` and `lo_i ≤ b_i ≤ hi_i` that
@@ -60,6 +60,8 @@ pub struct BalanceConfig {
     pub outlier: f64,
     /// Keep the current split unless the new one is predicted faster by more than this fraction.
     pub dead_band: f64,
+    /// Consecutive, consistent outliers that confirm a change of a rank's speed.
+    pub confirm_iters: usize,
     /// Iterations at the start whose timings are ignored (cold caches, lazy page faults).
     pub warmup_iters: usize,
     /// Iterations after the warm-up in which `lbbsp` alternates sizes by ±`probe_amplitude`, so
@@ -79,8 +81,9 @@ impl Default for BalanceConfig {
             slope_forgetting: 0.995,
             outlier: 0.25,
             dead_band: 0.002,
-            warmup_iters: 1,
-            probe_iters: 4,
+            confirm_iters: 3,
+            warmup_iters: 5,
+            probe_iters: 6,
             probe_amplitude: 0.25,
         }
     }
@@ -186,10 +189,12 @@ impl Sums {
 pub struct RankFit {
     fast: Sums,
     slow: Sums,
-    /// A suspected outlier `(b, t, t/predicted)` waiting for confirmation.
-    pending: Option<(f64, f64, f64)>,
+    /// Suspected outliers `(b, t, t/predicted)` waiting for confirmation, oldest first.
+    pending: Vec<(f64, f64, f64)>,
     /// Size of the previous observation.
     last_b: f64,
+    /// Observations still to be learned quickly after a confirmed change of speed.
+    fresh: usize,
 }
 
 impl RankFit {
@@ -214,7 +219,14 @@ impl RankFit {
     }
 
     fn add(&mut self, cfg: &BalanceConfig, b: f64, t: f64, w: f64) {
-        self.fast.add(cfg.forgetting, b, t, w);
+        // Right after a change of speed the level is re-learned fast (λ = 0.5, full weight).
+        let (lambda, w) = if self.fresh > 0 {
+            self.fresh -= 1;
+            (cfg.forgetting.min(0.5), 1.0)
+        } else {
+            (cfg.forgetting, w)
+        };
+        self.fast.add(lambda, b, t, w);
         self.slow.add(cfg.slope_forgetting, b, t, w);
     }
 
@@ -222,9 +234,9 @@ impl RankFit {
     ///
     /// At an unchanged size (within 10% of the previous one), within ±`HUBER` of the prediction an
     /// observation has full weight; beyond, its weight falls as
-    /// `HUBER/|deviation|` (Huber), and beyond `cfg.outlier` it is held back. A second held-back
-    /// observation in the same direction and of about the same size (within 25%) means the rank's
-    /// speed changed: every past time is rescaled by the observed ratio (which scales α and β alike,
+    /// `HUBER/|deviation|` (Huber), and beyond `cfg.outlier` it is held back. `confirm_iters` held-back
+    /// observations in a row, in the same direction and of about the same size (within 25%), mean the
+    /// rank's speed changed: every past time is rescaled by the observed ratio (which scales α and β alike,
     /// the fit being linear in t) and both new points are added.
     pub fn observe(&mut self, b: usize, t: f64, cfg: &BalanceConfig) {
         const HUBER: f64 = 0.1;
@@ -241,17 +253,23 @@ impl RankFit {
             let ratio = t / (line.alpha + line.beta * b).max(1e-12);
             let rel = ratio - 1.0;
             if rel.abs() > cfg.outlier {
-                match self.pending.take() {
-                    Some((pb, pt, pratio)) if (pratio - 1.0).signum() == rel.signum() && (ratio / pratio).ln().abs() < 1.25f64.ln() => {
-                        let r = (ratio * pratio).sqrt();
-                        for s in [&mut self.fast, &mut self.slow] {
-                            s.t *= r;
-                            s.bt *= r;
-                        }
-                        self.add(cfg, pb, pt, 1.0);
-                        self.add(cfg, b, t, 1.0);
+                // Same direction and about the same size (within 25%) as the held ones: a real
+                // change, not a burst of noise, once `confirm_iters` agree.
+                let agrees = |&(_, _, p): &(f64, f64, f64)| (p - 1.0).signum() == rel.signum() && (ratio / p).ln().abs() < 1.25f64.ln();
+                if !self.pending.iter().all(agrees) {
+                    self.pending.clear();
+                }
+                self.pending.push((b, t, ratio));
+                if self.pending.len() >= cfg.confirm_iters.max(1) {
+                    let r = (self.pending.iter().map(|p| p.2.ln()).sum::<f64>() / self.pending.len() as f64).exp();
+                    for s in [&mut self.fast, &mut self.slow] {
+                        s.t *= r;
+                        s.bt *= r;
                     }
-                    _ => self.pending = Some((b, t, ratio)),
+                    for (pb, pt, _) in std::mem::take(&mut self.pending) {
+                        self.add(cfg, pb, pt, 1.0);
+                    }
+                    self.fresh = 4;
                 }
                 return;
             }
@@ -259,7 +277,7 @@ impl RankFit {
                 weight = HUBER / rel.abs();
             }
         }
-        self.pending = None;
+        self.pending.clear();
         self.add(cfg, b, t, weight);
     }
 }
@@ -312,7 +330,9 @@ impl Balancer {
     pub fn observe(&mut self, obs: &[Observation]) {
         assert_eq!(obs.len(), self.sizes.len(), "one observation per rank");
         self.seen += 1;
-        if self.seen <= self.cfg.warmup_iters {
+        // The short last batch of an epoch is left out: its sizes are not the ones being tuned.
+        let full = obs.iter().map(|o| o.batch).sum::<usize>() == self.global_batch;
+        if self.seen <= self.cfg.warmup_iters || !full {
             return;
         }
         for ((fit, o), tot) in self.fits.iter_mut().zip(obs).zip(self.epoch_totals.iter_mut()) {
@@ -500,6 +520,8 @@ mod tests {
         assert!((f.line().unwrap().at(64) - 0.064).abs() < 1e-9);
         f.observe(64, 0.064, &cfg);
         f.observe(64, 0.192, &cfg);
+        f.observe(64, 0.192, &cfg);
+        assert!((f.line().unwrap().at(64) - 0.064).abs() < 1e-9, "two in a row are not yet a change");
         f.observe(64, 0.192, &cfg);
         assert!((f.line().unwrap().at(64) - 0.192).abs() < 1e-6);
     }

@@ -1,0 +1,17 @@
+//! Replays a metrics file through the balancer and prints its fitted lines per iteration (debugging aid).
+use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
+
+fn main() -> anyhow::Result<()> {
+    let path = std::env::args().nth(1).expect("metrics.jsonl");
+    let recs = lbbsp::metrics::read_records(std::path::Path::new(&path))?;
+    let world = recs[0].batch_sizes.len();
+    let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
+    let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;
+    for r in &recs {
+        let obs: Vec<Observation> = r.batch_sizes.iter().zip(&r.compute_s).map(|(&b, &c)| Observation { batch: b, compute_s: c }).collect();
+        bal.observe(&obs);
+        let lines: Vec<String> = bal.fits.iter().map(|f| f.line().map_or("-".into(), |l| format!("a={:.2}ms b={:.4}ms", l.alpha * 1e3, l.beta * 1e3))).collect();
+        println!("{} {:?} {:?} -> {:?} {:?}", r.iter, r.batch_sizes, r.compute_s.iter().map(|c| (c * 1e4).round() / 10.0).collect::<Vec<_>>(), bal.sizes(), lines);
+    }
+    Ok(())
+}
