@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IterRecord {
     pub iter: usize,
+    /// Wall-clock start of the iteration on rank 0, seconds since the UNIX epoch.
+    pub unix_s: f64,
     pub epoch: usize,
     /// Mean training loss over the global batch.
     pub loss: f64,
@@ -184,32 +186,36 @@ fn straggler(times: &[f64]) -> Option<(usize, f64)> {
     Some((k, times[k] - others))
 }
 
+/// A record with the given sizes and compute times and plausible other fields (for unit tests).
+#[cfg(test)]
+pub(crate) fn test_record(iter: usize, batch_sizes: Vec<usize>, compute_s: Vec<f64>) -> IterRecord {
+    let n = batch_sizes.len();
+    IterRecord {
+        iter,
+        unix_s: iter as f64 * 0.02,
+        epoch: 0,
+        loss: 1.0,
+        lr: 0.1,
+        global_batch: batch_sizes.iter().sum(),
+        batch_sizes,
+        compute_s,
+        wait_s: vec![0.0; n],
+        comm_s: vec![0.0; n],
+        interference_s: vec![0.0; n],
+        cpu_share: vec![1.0; n],
+        iter_s: 0.02,
+        samples_per_s: 100.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn rec(sizes: Vec<usize>, compute: Vec<f64>) -> IterRecord {
-        IterRecord {
-            iter: 0,
-            epoch: 0,
-            loss: 1.0,
-            lr: 0.1,
-            global_batch: sizes.iter().sum(),
-            batch_sizes: sizes,
-            compute_s: compute,
-            wait_s: vec![],
-            comm_s: vec![],
-            interference_s: vec![],
-            cpu_share: vec![],
-            iter_s: 1.0,
-            samples_per_s: 1.0,
-        }
-    }
-
     #[test]
     fn straggler_report_attributes_waiting() {
         // Rank 1 is 3× slower per sample; this run already gave it a quarter of the batch.
-        let r = straggler_report(&[rec(vec![96, 32], vec![0.097, 0.096]), rec(vec![96, 32], vec![0.090, 0.100])]);
+        let r = straggler_report(&[test_record(0, vec![96, 32], vec![0.097, 0.096]), test_record(1, vec![96, 32], vec![0.090, 0.100])]);
         assert_eq!(r.slowest_fraction, vec![0.5, 0.5]);
         assert!((r.actual_wait_s[0] - 0.001).abs() < 1e-12 && (r.actual_wait_s[1] - 0.010).abs() < 1e-12);
         // Equal split (64 each): rank 0 would take 0.097/96·64, rank 1 0.096/32·64 = 0.192, then 0.06 and 0.2.

@@ -262,26 +262,7 @@ fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::JsonlWriter;
-
-    fn record(iter: usize, batch_sizes: Vec<usize>, compute_s: Vec<f64>) -> IterRecord {
-        let n = batch_sizes.len();
-        IterRecord {
-            iter,
-            epoch: 0,
-            loss: 1.0,
-            lr: 0.1,
-            global_batch: batch_sizes.iter().sum(),
-            batch_sizes,
-            compute_s,
-            wait_s: vec![0.0; n],
-            comm_s: vec![0.0; n],
-            interference_s: vec![0.0; n],
-            cpu_share: vec![1.0; n],
-            iter_s: 0.02,
-            samples_per_s: 100.0,
-        }
-    }
+    use crate::metrics::{test_record, JsonlWriter};
 
     fn tmp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("lbbsp-plot-{tag}-{}", std::process::id()));
@@ -308,15 +289,15 @@ mod tests {
         write_metrics(
             &bsp,
             &[
-                record(0, vec![32, 32], vec![0.01, 0.03]),
-                record(1, vec![32, 32], vec![0.01, 0.03]),
+                test_record(0, vec![32, 32], vec![0.01, 0.03]),
+                test_record(1, vec![32, 32], vec![0.01, 0.03]),
             ],
         );
         write_metrics(
             &lb,
             &[
-                record(0, vec![32, 32], vec![0.01, 0.03]),
-                record(1, vec![48, 16], vec![0.015, 0.015]),
+                test_record(0, vec![32, 32], vec![0.01, 0.03]),
+                test_record(1, vec![48, 16], vec![0.015, 0.015]),
             ],
         );
         run(&PlotArgs {
@@ -370,7 +351,7 @@ mod tests {
             );
         }
         let good = dir.join("good.jsonl");
-        write_metrics(&good, &[record(0, vec![8], vec![0.01])]);
+        write_metrics(&good, &[test_record(0, vec![8], vec![0.01])]);
         let unwritable = dir.join("no-such-dir").join("out.svg");
         let e = run(&PlotArgs {
             files: vec![good],
@@ -385,7 +366,7 @@ mod tests {
     fn shared_stems_fall_back_to_paths() {
         let dir = tmp_dir("stem");
         let p = dir.join("m.jsonl");
-        write_metrics(&p, &[record(0, vec![8], vec![0.01])]);
+        write_metrics(&p, &[test_record(0, vec![8], vec![0.01])]);
         let alone = load_run(&p, std::slice::from_ref(&p)).unwrap().name;
         let shared = load_run(&p, &[p.clone(), PathBuf::from("other/m.jsonl")])
             .unwrap()

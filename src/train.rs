@@ -85,6 +85,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 break 'epochs;
             }
             let t_iter = Instant::now();
+            let unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let batch = plan.batch(t);
             let sizes = if batch.len() == cfg.global_batch { balancer.sizes().to_vec() } else { rescale(balancer.sizes(), batch.len()) };
             let slice = &batch[slice_for(&sizes, rank)];
@@ -135,6 +136,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             epoch_loss.1 += 1;
             records.push(IterRecord {
                 iter,
+                unix_s,
                 epoch,
                 loss,
                 lr,
