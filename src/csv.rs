@@ -5,27 +5,17 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::idx;
 
 /// Reads `path` (raw or gzip, detected like IDX) into `n × feature_count` features and `n` labels.
 pub fn read(path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
     let mut input = idx::open(path)?;
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    let mut line = Vec::new();
-    let mut lineno = 0usize;
-    loop {
-        line.clear();
-        match input.reader.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => lineno += 1,
-            Err(e) => return Err(input.read_error(path, Some(lineno + 1), e)),
-        }
-        let at = |msg: String| Error::data(path, format!("line {lineno}: {msg}"));
-        let text = std::str::from_utf8(&line).map_err(|_| at("not UTF-8 text".into()))?;
+    input.for_each_line(path, |text, at| {
         let text = text.trim();
         if text.is_empty() {
-            continue;
+            return Ok(());
         }
         let fields: Vec<&str> = text.split(',').map(str::trim).collect();
         if fields.len() != feature_count + 1 {
@@ -55,7 +45,8 @@ pub fn read(path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
                 feature_count + 1
             ))
         })?);
-    }
+        Ok(())
+    })?;
     Ok((x, y))
 }
 

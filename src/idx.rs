@@ -37,6 +37,28 @@ impl Input {
             Error::io(path, e)
         }
     }
+
+    /// Calls `f(text, at)` for every line of a text file; `at(msg)` makes an error naming the file
+    /// and the line. Read errors (a damaged gzip stream) and non-UTF-8 lines are typed errors too.
+    pub fn for_each_line(
+        &mut self,
+        path: &Path,
+        mut f: impl FnMut(&str, &dyn Fn(String) -> Error) -> Result<()>,
+    ) -> Result<()> {
+        let mut line = Vec::new();
+        let mut lineno = 0usize;
+        loop {
+            line.clear();
+            match self.reader.read_until(b'\n', &mut line) {
+                Ok(0) => return Ok(()),
+                Ok(_) => lineno += 1,
+                Err(e) => return Err(self.read_error(path, Some(lineno + 1), e)),
+            }
+            let at = |msg: String| Error::data(path, format!("line {lineno}: {msg}"));
+            let text = std::str::from_utf8(&line).map_err(|_| at("not UTF-8 text".into()))?;
+            f(text, &at)?;
+        }
+    }
 }
 
 /// Opens `path`, through a gzip decoder when the name ends in `.gz` or the file starts with the

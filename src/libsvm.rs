@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::idx;
 
 /// Reads `path` (raw or gzip) into `n × features` dense features and `n` class labels, mapping
@@ -20,21 +20,11 @@ pub fn read(
 ) -> Result<(Vec<f32>, Vec<u32>)> {
     let mut input = idx::open(path)?;
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    let mut line = Vec::new();
-    let mut lineno = 0usize;
-    loop {
-        line.clear();
-        match input.reader.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => lineno += 1,
-            Err(e) => return Err(input.read_error(path, Some(lineno + 1), e)),
-        }
-        let at = |msg: String| Error::data(path, format!("line {lineno}: {msg}"));
-        let text = std::str::from_utf8(&line).map_err(|_| at("not UTF-8 text".into()))?;
+    input.for_each_line(path, |text, at| {
         let text = text.split('#').next().unwrap_or_default();
         let mut tokens = text.split_ascii_whitespace();
         let Some(label) = tokens.next() else {
-            continue;
+            return Ok(());
         };
         let class = lookup(label, label_map).ok_or_else(|| {
             let known: Vec<&str> = label_map.keys().map(String::as_str).collect();
@@ -49,7 +39,7 @@ pub fn read(
             let malformed = || at(format!("malformed token `{tok}`, expected `index:value`"));
             let (i, v) = tok.split_once(':').ok_or_else(malformed)?;
             if i == "qid" {
-                continue;
+                return Ok(());
             }
             let i: usize = i.parse().map_err(|_| malformed())?;
             let v: f32 = v
@@ -71,7 +61,8 @@ pub fn read(
             x[row + i - 1] = v;
         }
         y.push(class);
-    }
+        Ok(())
+    })?;
     Ok((x, y))
 }
 

@@ -6,28 +6,28 @@ use common::*;
 
 use lbbsp::metrics::read_records;
 
-/// With `--slowdown 1:3.0@30` on 2 ranks pinned one per core, rank 1's size is within 15% of its
-/// equal-time share from iteration 35 on. The global batch is 2048 so that per-sample work
-/// dominates fixed per-iteration costs. The share at iteration t is `b_t · (1/s_1) / Σ_j (1/s_j)`
-/// with `s_j` rank j's measured seconds per sample in that iteration. This machine's speed also
-/// jumps by itself for a few iterations at a time (shared host), which no balancer can foresee, so
-/// each iteration's deviation is the median over the 7 iterations around it.
-#[test]
-fn slowed_rank_reaches_its_share() {
-    let dir = scratch("share");
+/// With `--slowdown 1:3.0@30`, rank 1's size is within 15% of its equal-time share from iteration
+/// 35 on. Ranks are pinned to cores round robin (with 3 ranks on 2 cores, ranks 0 and 2 share one).
+/// The global batch is 2048 so that per-sample work dominates fixed per-iteration costs and
+/// iterations are long compared with the kernel's scheduling slice. The share at iteration t is
+/// `b_t · (1/s_1) / Σ_j (1/s_j)` with `s_j` rank j's measured seconds per sample in that iteration.
+/// This machine's speed also jumps by itself for a few iterations at a time (shared host), which no
+/// balancer can foresee, so each iteration's deviation is the median over the 7 around it.
+fn slowed_rank_reaches_its_share(ranks: usize) {
+    let dir = scratch(&format!("share{ranks}"));
     let m = dir.join("m.jsonl");
     let args = [
         "train", "mnist-mlp", "-q", "--set", "train.max_iters=80", "--set", "train.global_batch=2048", "--set",
         "balance.policy=lbbsp", "--slowdown", "1:3.0@30", "--metrics", m.to_str().unwrap(),
     ];
-    let out = lbbsp_pinned(2, &args);
+    let out = lbbsp_pinned(ranks, &args);
     let records = read_records(&m).unwrap();
     let sizes: Vec<usize> = records.iter().map(|r| r.batch_sizes[1]).collect();
     let deviation: Vec<f64> = records
         .iter()
         .map(|r| {
-            let s: Vec<f64> = (0..2).map(|k| r.compute_s[k] / r.batch_sizes[k] as f64).collect();
-            let share = r.global_batch as f64 / s[1] / (1.0 / s[0] + 1.0 / s[1]);
+            let rate: Vec<f64> = (0..ranks).map(|k| r.batch_sizes[k] as f64 / r.compute_s[k]).collect();
+            let share = r.global_batch as f64 * rate[1] / rate.iter().sum::<f64>();
             (r.batch_sizes[1] as f64 - share).abs() / share
         })
         .collect();
@@ -41,28 +41,21 @@ fn slowed_rank_reaches_its_share() {
     }
     assert!(
         off.is_empty(),
-        "rank 1's size left 15% of its equal-time share after iteration 35 (iteration, size, % off): {off:?}\nsizes: {sizes:?}\n{}",
+        "{ranks} ranks: rank 1's size left 15% of its equal-time share after iteration 35 (iteration, size, % off): {off:?}\nsizes: {sizes:?}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(sizes[28] > 800 && sizes[34] < 640, "sizes must move after the slowdown: {sizes:?}");
+    assert!(sizes[34] as f64 <= 0.7 * sizes[28] as f64, "sizes must move after the slowdown: {sizes:?}");
+    assert!(records.iter().all(|r| r.batch_sizes.iter().sum::<usize>() == r.global_batch));
 }
 
-/// Three ranks with rank 1 slowed 3×: the slowed rank ends with less than an equal share, and
-/// every iteration still sums to B (the 15% band is only asserted on dedicated cores, above).
 #[test]
-fn slowed_rank_sheds_work_with_3_ranks() {
-    let dir = scratch("share3");
-    let m = dir.join("m.jsonl");
-    let args = [
-        "train", "mnist-mlp", "-q", "--set", "train.max_iters=60", "--set", "train.global_batch=512", "--set",
-        "balance.policy=lbbsp", "--slowdown", "1:3.0@20", "--metrics", m.to_str().unwrap(),
-    ];
-    lbbsp_pinned(3, &args);
-    let records = read_records(&m).unwrap();
-    let late: Vec<usize> = records[30..].iter().map(|r| r.batch_sizes[1]).collect();
-    let mean = late.iter().sum::<usize>() as f64 / late.len() as f64;
-    assert!(mean < 0.7 * 512.0 / 3.0, "rank 1 should carry well under a third of B: {late:?}");
-    assert!(records.iter().all(|r| r.batch_sizes.iter().sum::<usize>() == r.global_batch));
+fn slowed_rank_reaches_its_share_2_ranks() {
+    slowed_rank_reaches_its_share(2);
+}
+
+#[test]
+fn slowed_rank_reaches_its_share_3_ranks() {
+    slowed_rank_reaches_its_share(3);
 }
 
 /// Re-splitting changes who computes which sample, never the global batch or the gradient.
