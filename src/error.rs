@@ -35,6 +35,9 @@ pub enum Error {
     Comm(String),
     #[error("{path}: {msg}")]
     Output { path: PathBuf, msg: String },
+    /// A checkpoint or weights file is missing, damaged, or was written for another model.
+    #[error("{path}: {msg}")]
+    Checkpoint { path: PathBuf, msg: String },
 }
 
 impl Error {

@@ -5,10 +5,16 @@
 //! into the matching slice `g` of the flat gradient buffer (overwriting: every parameter is used by
 //! exactly one layer). The model owns the activation buffers and hands each layer its input `x` and
 //! output `y`; layers that need more than that keep an explicit cache of their own.
+//!
+//! Images stay rows too: a sample of shape `[C, H, W]` is `C·H·W` floats, channel first (NCHW), so
+//! `B×C×H×W` is a `B × (C·H·W)` matrix and every layer knows its per-sample input shape. This file
+//! holds the element-wise and fully connected layers; [`crate::conv`], [`crate::pool`],
+//! [`crate::norm`], [`crate::dropout`] and [`crate::residual`] hold the rest.
 
 use crate::gemm::{gemm, Trans};
 use crate::rng::Rng;
 use ndarray::{ArrayView2, ArrayViewMut2, Zip};
+use rayon::prelude::*;
 
 /// How a batch is run: training or evaluation, and the keys of per-sample randomness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +46,9 @@ pub trait Layer: Send {
     fn kind(&self) -> &'static str;
     /// Shape of one output sample.
     fn out_shape(&self) -> Vec<usize>;
-    /// Named parameter tensors, in flat-buffer order (e.g. `weight [out,in]`, `bias [out]`).
-    fn param_shapes(&self) -> Vec<(&'static str, Vec<usize>)> {
+    /// Named parameter tensors, in flat-buffer order (e.g. `weight [out,in]`, `bias [out]`; a block
+    /// of layers names its inner tensors with dots, `body.0.weight`).
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
         Vec::new()
     }
     /// Writes initial parameters into `p` from the stream `rng`.
@@ -73,8 +80,8 @@ impl Layer for Linear {
     fn out_shape(&self) -> Vec<usize> {
         vec![self.out]
     }
-    fn param_shapes(&self) -> Vec<(&'static str, Vec<usize>)> {
-        vec![("weight", vec![self.out, self.inp]), ("bias", vec![self.out])]
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        vec![("weight".into(), vec![self.out, self.inp]), ("bias".into(), vec![self.out])]
     }
     /// PyTorch's default: weight and bias uniform in `±1/√in`.
     fn init(&self, p: &mut [f32], rng: &mut Rng) {
@@ -163,6 +170,66 @@ impl Layer for Tanh {
     }
 }
 
+/// Element-wise SiLU (swish), `x·σ(x)`; shape preserved. Smooth, unlike relu: a rounding-level
+/// change of its input moves its output and derivative by as little, with no kink to cross, so
+/// networks built on it keep float-rounding differences (e.g. between two splits of a batch) small.
+#[derive(Debug, Clone)]
+pub struct Silu {
+    pub shape: Vec<usize>,
+}
+
+/// Elements per rayon task of the element-wise layers (the inner loops vectorise).
+const ELEMENTWISE_CHUNK: usize = 1 << 14;
+
+impl Layer for Silu {
+    fn kind(&self) -> &'static str {
+        "silu"
+    }
+    fn out_shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
+        let n = b * self.shape.iter().product::<usize>();
+        y[..n].par_chunks_mut(ELEMENTWISE_CHUNK).zip(x[..n].par_chunks(ELEMENTWISE_CHUNK)).for_each(|(y, x)| {
+            y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * sigmoid(x));
+        });
+    }
+    /// `∂x = ∂y · σ(x)·(1 + x·(1 − σ(x)))`.
+    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
+        if let Some(dx) = dx {
+            let n = io.b * self.shape.iter().product::<usize>();
+            let c = ELEMENTWISE_CHUNK;
+            dx[..n].par_chunks_mut(c).zip(dy[..n].par_chunks(c)).zip(io.x[..n].par_chunks(c)).for_each(|((dx, dy), x)| {
+                for ((dx, &dy), &x) in dx.iter_mut().zip(dy).zip(x) {
+                    let s = sigmoid(x);
+                    *dx = dy * s * (1.0 + x * (1.0 - s));
+                }
+            });
+        }
+    }
+}
+
+/// `1 / (1 + e^(−x))` with [`exp`].
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// `e^x` in branch-free f32 arithmetic that vectorises (unlike libm's `expf`): `x = n·ln 2 + r`
+/// with `|r| ≤ ln2/2`, a degree-6 Taylor polynomial for `e^r`, and `2^n` built in the exponent
+/// bits. Relative error below 3e-7 on `[−87, 88]`; the input is clamped to that range (so `e^x`
+/// saturates at about `1.7e38` and bottoms out at about `1.6e-38` instead of reaching ∞ or 0).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
 /// Reshapes `B×C×H×W` (any per-sample shape) to `B×(C·H·W)`; the data are already row-major.
 #[derive(Debug, Clone)]
 pub struct Flatten {
@@ -185,5 +252,36 @@ impl Layer for Flatten {
             let n = io.b * self.features;
             dx[..n].copy_from_slice(&dy[..n]);
         }
+    }
+}
+
+/// Samples per rayon task in the per-sample layers (convolution, pooling, normalisation, dropout):
+/// enough work per task to cover rayon's overhead, and fixed, so a convolution's weight gradient
+/// (summed per task, then over tasks in order) does not depend on the number of threads.
+pub const SAMPLES_PER_TASK: usize = 8;
+
+/// Grows a layer's cache to at least `n` elements (never shrinks, so a steady-state step allocates
+/// nothing once the largest batch has been seen).
+pub(crate) fn grow<T: Clone + Default>(cache: &mut Vec<T>, n: usize) {
+    if cache.len() < n {
+        cache.resize(n, T::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate_over_its_range() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 + 175.0 * i as f32 / 200_000.0;
+            let want = (x as f64).exp();
+            worst = worst.max(((exp(x) as f64) - want).abs() / want);
+        }
+        assert!(worst < 3e-7, "worst relative error {worst:.2e}");
+        assert_eq!((exp(-1000.0) > 0.0, exp(1000.0).is_finite()), (true, true));
+        assert!(sigmoid(-1000.0) < 1e-37 && sigmoid(1000.0) == 1.0);
     }
 }

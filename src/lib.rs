@@ -34,9 +34,13 @@
 //! in [`train::train`].
 
 pub mod balance;
+pub mod chain;
+pub mod checkpoint;
 pub mod comm;
+pub mod conv;
 pub mod csv;
 pub mod dataset;
+pub mod dropout;
 pub mod error;
 pub mod fetch;
 pub mod gemm;
@@ -48,20 +52,25 @@ pub mod loss;
 pub mod manifest;
 pub mod metrics;
 pub mod model;
+pub mod norm;
 pub mod optim;
 pub mod params;
 pub mod plot;
+pub mod pool;
 pub mod profile;
 pub mod recipe;
+pub mod residual;
 pub mod rng;
 pub mod shard;
 pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};
+pub use checkpoint::{Checkpoint, Progress, TrainingState};
 pub use comm::{Communicator, Local, Mpi, Solo};
 pub use dataset::{Dataset, Splits};
 pub use error::{Error, Result};
 pub use model::Model;
+pub use optim::{Optimizer, OptimizerConfig};
 pub use recipe::Recipe;
 pub use shard::{slice_for, EpochPlan};
 pub use train::{train, RunOptions, Slowdown};

@@ -39,7 +39,7 @@ pub fn read(
             let malformed = || at(format!("malformed token `{tok}`, expected `index:value`"));
             let (i, v) = tok.split_once(':').ok_or_else(malformed)?;
             if i == "qid" {
-                return Ok(());
+                continue;
             }
             let i: usize = i.parse().map_err(|_| malformed())?;
             let v: f32 = v

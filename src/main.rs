@@ -1,4 +1,5 @@
-//! The `lbbsp` command line: train recipes (standalone or under `mpirun`), manage data sets.
+//! The `lbbsp` command line: train recipes (standalone or under `mpirun`), evaluate saved weights,
+//! manage data sets.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -19,6 +20,8 @@ struct Cli {
 enum Cmd {
     /// Train a recipe: one rank standalone, N ranks under `mpirun -n N lbbsp train ...`.
     Train(TrainArgs),
+    /// Report the test accuracy of saved weights under a recipe (one rank, or sharded under mpirun).
+    Eval(EvalArgs),
     /// Burn CPU on some cores following a load pattern: a co-located job for experiments.
     Interfere(lbbsp::interfere::InterfereArgs),
     /// Plot per-iteration metrics (JSONL) of one or more runs to an SVG.
@@ -39,7 +42,7 @@ struct DataDir {
 
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// Recipe file, or the name of a shipped recipe (digits-mlp, mnist-mlp, a9a-logreg).
+    /// Recipe file, or the name of a shipped recipe in models/ (e.g. digits-mlp, mnist-mlp).
     recipe: String,
     #[command(flatten)]
     data: DataDir,
@@ -61,6 +64,43 @@ struct TrainArgs {
     /// No progress bar or per-epoch lines.
     #[arg(long, short)]
     quiet: bool,
+    /// Write checkpoints (from rank 0) into DIR/step-<iter>/: model.safetensors (the weights, named
+    /// as in the model), optimizer.safetensors and state.json. One is written after the last
+    /// iteration, and every --checkpoint-every iterations. DIR must not hold checkpoints of an
+    /// earlier run (continue that one with --resume).
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also write a checkpoint every N iterations (needs --checkpoint-dir or --resume).
+    #[arg(long, value_name = "N", value_parser = parse_every)]
+    checkpoint_every: Option<usize>,
+    /// Continue from the newest valid checkpoint in DIR (damaged newer ones are skipped with a
+    /// warning), or from DIR itself if it is one step-<iter> folder (which must be valid). The recipe
+    /// must have the same data, model, global batch, seed and optimizer kind; with another world
+    /// size the balancer restarts from the equal split. New checkpoints go into the same folder
+    /// unless --checkpoint-dir says otherwise.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// Recipe file, or the name of a shipped recipe: gives the model and the data set.
+    recipe: String,
+    #[command(flatten)]
+    data: DataDir,
+    /// Override a recipe field.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// The weights: a safetensors file with the model's tensor names and shapes (such as a
+    /// checkpoint's model.safetensors), or a checkpoint's step-<iter> folder.
+    #[arg(long, value_name = "FILE")]
+    weights: PathBuf,
+    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Also write the result (JSON: test_accuracy, test_loss, samples, correct) to this file.
+    #[arg(long)]
+    summary: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -83,6 +123,15 @@ enum DataCmd {
     },
 }
 
+fn parse_every(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "`{s}`: expected a number of iterations, at least 1"
+        )),
+    }
+}
+
 fn parse_slowdown(s: &str) -> std::result::Result<Slowdown, String> {
     let err = || format!("`{s}`: expected RANK:FACTOR[@ITER], e.g. 1:3.0@30");
     let (rank, rest) = s.split_once(':').ok_or_else(err)?;
@@ -101,7 +150,8 @@ fn parse_slowdown(s: &str) -> std::result::Result<Slowdown, String> {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Train(args) => run_train(args),
+        Cmd::Train(args) => on_ranks(|comm| train_on(comm, &args)),
+        Cmd::Eval(args) => on_ranks(|comm| eval_on(comm, &args)),
         Cmd::Data { cmd } => run_data(cmd),
         Cmd::Interfere(args) => lbbsp::interfere::run(&args).map_err(Into::into),
         Cmd::Plot(args) => lbbsp::plot::run(&args).map_err(Into::into),
@@ -112,9 +162,10 @@ fn main() {
     }
 }
 
-fn run_train(args: TrainArgs) -> Result<()> {
+/// Runs `f` on every rank of the MPI job (one rank standalone).
+fn on_ranks(f: impl FnOnce(&Mpi) -> Result<()>) -> Result<()> {
     let comm = Mpi::init()?;
-    let result = train_on(&comm, &args);
+    let result = f(&comm);
     if let Err(e) = &result {
         if comm.world_size() > 1 {
             // Other ranks may be blocked in a collective: take the whole job down with a message.
@@ -129,14 +180,24 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
     let recipe = lbbsp::recipe::resolve(&args.recipe, &args.set)?;
     for s in &args.slowdown {
         if s.rank >= comm.world_size() {
-            bail!("--slowdown {}:…: rank {} does not exist in a world of {}", s.rank, s.rank, comm.world_size());
+            bail!(
+                "--slowdown {}:…: rank {} does not exist in a world of {}",
+                s.rank,
+                s.rank,
+                comm.world_size()
+            );
         }
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = args.threads.unwrap_or((cores / comm.local_size().max(1)).max(1));
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
+    if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
+        bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
+    }
+    let threads = start_threads(comm, args.threads)?;
     // Fail on the recipe/bounds before spending time on data.
-    lbbsp::Balancer::new(&recipe.balance, recipe.train.global_batch, comm.world_size())?;
+    lbbsp::Balancer::new(
+        &recipe.balance,
+        recipe.train.global_batch,
+        comm.world_size(),
+    )?;
     let data = lbbsp::dataset::load(&recipe.data, &args.data.data_dir)?;
     let rank0 = comm.rank() == 0;
     if rank0 && !args.quiet {
@@ -156,7 +217,8 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
         }
         if rank0 {
             let resolved = resolved_path(out);
-            std::fs::write(&resolved, recipe.to_toml()).with_context(|| format!("writing {}", resolved.display()))?;
+            std::fs::write(&resolved, recipe.to_toml())
+                .with_context(|| format!("writing {}", resolved.display()))?;
         }
     }
     let opts = RunOptions {
@@ -164,6 +226,12 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
         threads,
         progress: !args.quiet,
         slowdowns: args.slowdown.clone(),
+        checkpoint_dir: args
+            .checkpoint_dir
+            .clone()
+            .or_else(|| args.resume.as_deref().map(lbbsp::checkpoint::root_of)),
+        checkpoint_every: args.checkpoint_every,
+        resume: args.resume.clone(),
     };
     let summary = lbbsp::train(&recipe, &data, comm, &opts)?;
     if rank0 {
@@ -180,7 +248,64 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
             summary.wall_s
         );
         if comm.world_size() > 1 && !args.quiet {
-            eprint!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
+            eprint!(
+                "straggler report ({} policy):\n{}",
+                summary.policy, summary.stragglers
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Starts the global rayon pool with `threads` threads, by default the node's cores shared among
+/// its ranks; returns the count.
+fn start_threads(comm: &Mpi, threads: Option<usize>) -> Result<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads.unwrap_or((cores / comm.local_size().max(1)).max(1));
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .context("starting the rayon thread pool")?;
+    Ok(threads)
+}
+
+fn eval_on(comm: &Mpi, args: &EvalArgs) -> Result<()> {
+    let recipe = lbbsp::recipe::resolve(&args.recipe, &args.set)?;
+    start_threads(comm, args.threads)?;
+    let data = lbbsp::dataset::load(&recipe.data, &args.data.data_dir)?;
+    let mut model = lbbsp::Model::new(
+        &recipe.model,
+        &data.train.sample_shape,
+        data.train.classes,
+        recipe.train.seed,
+    )?;
+    if comm.rank() == 0 {
+        model.params = lbbsp::checkpoint::read_weights(&args.weights, &model.table)?;
+    }
+    comm.broadcast_into(0, &mut model.params);
+    // Batches as large as training's (the same rows per gemm call where the shards allow).
+    model.set_capacity(recipe.train.global_batch.max(256));
+    let ev = lbbsp::train::evaluate(&mut model, &data.test, comm, 0);
+    if comm.rank() == 0 {
+        let correct = (ev.accuracy * ev.samples as f64).round() as usize;
+        println!(
+            "{}: test accuracy {:.2}% ({correct}/{} correct), test loss {:.4}, weights {}",
+            recipe.name,
+            100.0 * ev.accuracy,
+            ev.samples,
+            ev.loss,
+            args.weights.display()
+        );
+        if let Some(p) = &args.summary {
+            let out = serde_json::json!({
+                "recipe": recipe.name,
+                "weights": args.weights,
+                "test_accuracy": ev.accuracy,
+                "test_loss": ev.loss,
+                "samples": ev.samples,
+                "correct": correct,
+            });
+            write_json(p, &out)?;
         }
     }
     Ok(())
@@ -188,14 +313,23 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
 
 /// `runs/x/summary.json` → `runs/x/summary.recipe.toml`: the resolved recipe next to a result.
 fn resolved_path(out: &Path) -> PathBuf {
-    let stem = out.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    let stem = out
+        .file_stem()
+        .map_or("run".into(), |s| s.to_string_lossy().into_owned());
     out.with_file_name(format!("{stem}.recipe.toml"))
 }
 
 fn run_data(cmd: DataCmd) -> Result<()> {
     match cmd {
         DataCmd::Fetch { name, data, mirror } => {
-            let names: Vec<String> = if name == "all" { lbbsp::manifest::names()?.into_iter().map(String::from).collect() } else { vec![name] };
+            let names: Vec<String> = if name == "all" {
+                lbbsp::manifest::names()?
+                    .into_iter()
+                    .map(String::from)
+                    .collect()
+            } else {
+                vec![name]
+            };
             for n in names {
                 let report = lbbsp::fetch::fetch(&n, &data.data_dir, mirror.as_deref())?;
                 println!("{n}: {report}");

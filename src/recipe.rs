@@ -107,6 +107,9 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("digits-mlp", include_str!("../models/digits-mlp.toml")),
     ("mnist-mlp", include_str!("../models/mnist-mlp.toml")),
     ("a9a-logreg", include_str!("../models/a9a-logreg.toml")),
+    ("mnist-lenet5", include_str!("../models/mnist-lenet5.toml")),
+    ("fashion-lenet5", include_str!("../models/fashion-lenet5.toml")),
+    ("fashion-resnet", include_str!("../models/fashion-resnet.toml")),
 ];
 
 /// Loads a recipe given as a file path, or as the name of a shipped recipe (`models/NAME.toml`).
@@ -155,10 +158,22 @@ mod tests {
 
     #[test]
     fn shipped_recipes_parse() {
-        for name in ["digits-mlp", "mnist-mlp", "a9a-logreg"] {
+        for (name, _) in SHIPPED {
             let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(format!("{name}.toml"));
             let r = Recipe::load(&p, &[]).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(r.name, name);
+            assert_eq!(r.name, *name);
+        }
+        let files = std::fs::read_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap().count();
+        assert_eq!(files, SHIPPED.len(), "every recipe in models/ is shipped");
+    }
+
+    /// The model of every shipped recipe builds on its data set's sample shape (no data needed).
+    #[test]
+    fn shipped_models_build() {
+        for (name, text) in SHIPPED {
+            let r = Recipe::parse(text, Path::new(name), &[]).unwrap();
+            let data = crate::manifest::spec(&r.data.dataset).unwrap();
+            crate::model::Model::new(&r.model, &data.sample_shape, data.classes, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }
 

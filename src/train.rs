@@ -7,17 +7,23 @@
 //!    time this rank waited for slower ones),
 //! 4. **the distributed step**: allreduce-sum of the local gradients = the exact mean gradient of the
 //!    global batch, whatever the split (timed: transfer),
-//! 5. identical optimizer step everywhere; the balancer, fed the same gathered stats on every rank,
-//!    computes the same next split everywhere (no broadcast needed).
+//! 5. identical optimizer step everywhere (after optional gradient-norm clipping); the balancer, fed
+//!    the same gathered stats on every rank, computes the same next split everywhere (no broadcast
+//!    needed).
+//!
+//! Given the parameters, the optimizer state, the position in the epoch permutation and the balancer
+//! state, the loop is deterministic, so a run resumed from a [`checkpoint`](crate::checkpoint) ends with
+//! the same weights as one that never stopped (bit for bit at a fixed split, as under `bsp`).
 
 use crate::balance::{Balancer, Observation};
+use crate::checkpoint::{self, Progress, Snapshot};
 use crate::comm::Communicator;
 use crate::dataset::{Dataset, Splits};
 use crate::error::Result;
 use crate::layers::Mode;
 use crate::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
 use crate::model::Model;
-use crate::optim::Sgd;
+use crate::optim::{clip_grad_norm, Optimizer};
 use crate::profile::CpuSampler;
 use crate::recipe::Recipe;
 use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
@@ -43,51 +49,123 @@ pub struct RunOptions {
     /// Show the progress bar and per-epoch lines on rank 0.
     pub progress: bool,
     pub slowdowns: Vec<Slowdown>,
+    /// Write checkpoints into this folder (rank 0): every `checkpoint_every` iterations, and after
+    /// the last iteration of the run.
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_every: Option<usize>,
+    /// Continue from a checkpoint: a folder of checkpoints (its newest valid one) or one `step-<n>`
+    /// folder.
+    pub resume: Option<PathBuf>,
 }
 
 /// Values each rank contributes to the per-iteration stats collective.
 const STATS: usize = 5;
 
 /// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
-pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
+pub fn train(
+    recipe: &Recipe,
+    data: &Splits,
+    comm: &dyn Communicator,
+    opts: &RunOptions,
+) -> Result<Summary> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let cfg = &recipe.train;
     let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
-    let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
-    model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
+    let mut model = Model::new(
+        &recipe.model,
+        &data.train.sample_shape,
+        data.train.classes,
+        cfg.seed,
+    )?;
+    model.set_capacity(
+        balancer
+            .bounds
+            .iter()
+            .map(|b| b.1)
+            .max()
+            .unwrap_or(1)
+            .max(256),
+    );
     comm.broadcast_into(0, &mut model.params);
     let mut global_grad = vec![0.0f32; model.params.len()];
-    let mut opt = Sgd::new(&recipe.optimizer, model.params.len());
+    let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
+    if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &opts.resume, rank) {
+        checkpoint::check_fresh(dir)?;
+    }
+    let start = match &opts.resume {
+        None => Progress::default(),
+        Some(src) => {
+            let r = checkpoint::resume(src, comm, recipe, &mut model, &mut opt)?;
+            balancer = continued_balancer(balancer, &r, rank == 0);
+            r.state.progress
+        }
+    };
 
     let n = data.train.len();
     let iters_per_epoch = n.div_ceil(cfg.global_batch);
+    // The schedule spans the planned run whatever `max_iters` stops it at, and wherever it resumes.
     let planned = iters_per_epoch * cfg.epochs;
     let total_iters = cfg.max_iters.map_or(planned, |m| m.min(planned));
     let bar = progress_bar(rank == 0 && opts.progress, total_iters);
+    bar.set_position(start.step.min(total_iters) as u64);
+    let mut last_saved = None;
+    let save =
+        |progress: &Progress, model: &Model, opt: &Optimizer, balancer: &Balancer| -> Result<()> {
+            match (&opts.checkpoint_dir, rank) {
+                (Some(dir), 0) => {
+                    let snap = Snapshot {
+                        table: &model.table,
+                        params: &model.params,
+                        optimizer: opt,
+                        balancer,
+                        progress,
+                        recipe,
+                        world_size: world,
+                    };
+                    checkpoint::save(dir, &snap).map(|_| ())
+                }
+                _ => Ok(()),
+            }
+        };
     let mut metrics = match (&opts.metrics, rank) {
         (Some(p), 0) => Some(JsonlWriter::create(p)?),
         _ => None,
     };
 
-    let mut records: Vec<IterRecord> = Vec::with_capacity(total_iters);
-    let mut evals = Vec::new();
+    let mut records: Vec<IterRecord> = Vec::with_capacity(total_iters.saturating_sub(start.step));
+    let mut evals = start.evals.clone();
     let mut sampler = CpuSampler::new();
     let mut all = vec![0.0f64; STATS * world];
-    let (mut iter, mut train_s, mut epochs_run) = (0usize, 0.0f64, 0usize);
-    let mut epoch_loss = (0.0f64, 0usize);
-    let start = Instant::now();
+    let (mut iter, mut train_s, mut epochs_run) = (start.step, 0.0f64, start.epoch);
+    let mut epoch_loss = start.epoch_loss;
+    // Where the next iteration is: (epoch, global batches of it done).
+    let mut pos = (start.epoch, start.batch_in_epoch);
+    let started = Instant::now();
 
-    'epochs: for epoch in 0..cfg.epochs {
+    'epochs: for epoch in start.epoch..cfg.epochs {
         let plan = EpochPlan::new(n, cfg.global_batch, cfg.seed, epoch as u64);
-        epoch_loss = (0.0, 0);
-        for t in 0..plan.iterations() {
+        let first = if epoch == start.epoch {
+            start.batch_in_epoch
+        } else {
+            0
+        };
+        if first == 0 {
+            epoch_loss = (0.0, 0);
+        }
+        for t in first..plan.iterations() {
             if iter >= total_iters {
                 break 'epochs;
             }
             let t_iter = Instant::now();
-            let unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            let unix_s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
             let batch = plan.batch(t);
-            let sizes = if batch.len() == cfg.global_batch { balancer.sizes().to_vec() } else { rescale(balancer.sizes(), batch.len()) };
+            let sizes = if batch.len() == cfg.global_batch {
+                balancer.sizes().to_vec()
+            } else {
+                rescale(balancer.sizes(), batch.len())
+            };
             let slice = &batch[slice_for(&sizes, rank)];
             let mode = Mode {
                 train: true,
@@ -108,7 +186,13 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             // Stats exchange: every rank learns every (b_i, compute_i) before the allreduce. Fast
             // ranks block here until the slowest arrives, so this is also the waiting time.
             let t1 = Instant::now();
-            let mine = [slice.len() as f64, compute_s, local.loss_sum, cpu.interference_s, cpu.cpu_share];
+            let mine = [
+                slice.len() as f64,
+                compute_s,
+                local.loss_sum,
+                cpu.interference_s,
+                cpu.cpu_share,
+            ];
             comm.all_gather_into(&mine, &mut all);
             let wait_s = t1.elapsed().as_secs_f64();
 
@@ -118,6 +202,10 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             comm.all_reduce_sum_into(&model.grads, &mut global_grad);
             let comm_s = t2.elapsed().as_secs_f64();
 
+            // Same gradient on every rank, so the same clipping factor everywhere.
+            if let Some(max_norm) = recipe.optimizer.clip_grad_norm {
+                clip_grad_norm(&mut global_grad, max_norm);
+            }
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
             opt.step(&mut model.params, &global_grad, lr);
             let obs: Vec<Observation> = all
@@ -151,8 +239,21 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 samples_per_s: batch.len() as f64 / iter_s,
             });
             bar.set_position(iter as u64 + 1);
-            bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
+            bar.set_message(format!(
+                "loss {loss:.4}  {:.0} samples/s  b={sizes:?}",
+                batch.len() as f64 / iter_s
+            ));
             iter += 1;
+            pos = (epoch, t + 1);
+            if opts.checkpoint_every.is_some_and(|k| iter % k == 0) {
+                save(
+                    &progress_at(iter, pos, epoch_loss, &evals),
+                    &model,
+                    &opt,
+                    &balancer,
+                )?;
+                last_saved = Some(iter);
+            }
         }
         balancer.end_epoch();
         epochs_run = epoch + 1;
@@ -174,8 +275,17 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             }
             evals.push(ev);
         }
+        pos = (epoch + 1, 0);
     }
     bar.finish_and_clear();
+    if iter > start.step && last_saved != Some(iter) {
+        save(
+            &progress_at(iter, pos, epoch_loss, &evals),
+            &model,
+            &opt,
+            &balancer,
+        )?;
+    }
 
     // Wait and transfer times are per rank but only known after the stats collective, so they are
     // gathered once at the end (one collective, not one per iteration).
@@ -187,7 +297,12 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         w.flush()?;
     }
     if evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
-        evals.push(evaluate(&mut model, &data.test, comm, epochs_run.saturating_sub(1)));
+        evals.push(evaluate(
+            &mut model,
+            &data.test,
+            comm,
+            epochs_run.saturating_sub(1),
+        ));
     }
     let last = *evals.last().expect("evaluated at least once");
     let samples: usize = records.iter().map(|r| r.global_batch).sum();
@@ -202,7 +317,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         test_loss: last.loss,
         final_loss: records.last().map_or(f64::NAN, |r| r.loss),
         last_epoch_loss: epoch_loss.0 / epoch_loss.1.max(1) as f64,
-        wall_s: start.elapsed().as_secs_f64(),
+        wall_s: started.elapsed().as_secs_f64(),
         samples_per_s: samples as f64 / train_s.max(1e-9),
         evals,
         stragglers: straggler_report(&records),
@@ -210,7 +325,12 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
 }
 
 /// Loss and accuracy on `test`, each rank taking a contiguous shard, reduced over ranks.
-pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoch: usize) -> EvalResult {
+pub fn evaluate(
+    model: &mut Model,
+    test: &Dataset,
+    comm: &dyn Communicator,
+    epoch: usize,
+) -> EvalResult {
     let shard = slice_for(&equal_split(test.len(), comm.world_size()), comm.rank());
     let idx: Vec<usize> = shard.collect();
     let mode = Mode {
@@ -238,6 +358,45 @@ pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoc
     }
 }
 
+/// The checkpoint's balancer when it was written on as many ranks with the same settings, else
+/// `fresh` (the equal split), saying so on rank 0.
+fn continued_balancer(fresh: Balancer, r: &checkpoint::Resumed, rank0: bool) -> Balancer {
+    let saved = &r.state.balancer;
+    let world = fresh.sizes().len();
+    let why = if r.state.world_size != world {
+        format!(
+            "was written on {} rank(s), this run has {world}",
+            r.state.world_size
+        )
+    } else if saved.cfg != fresh.cfg || saved.global_batch != fresh.global_batch {
+        "was written with other [balance] settings".to_string()
+    } else {
+        return saved.clone();
+    };
+    if rank0 {
+        eprintln!(
+            "lbbsp: {} {why}: the balancer restarts from the equal split",
+            r.dir.display()
+        );
+    }
+    fresh
+}
+
+fn progress_at(
+    step: usize,
+    (epoch, batch_in_epoch): (usize, usize),
+    epoch_loss: (f64, usize),
+    evals: &[EvalResult],
+) -> Progress {
+    Progress {
+        step,
+        epoch,
+        batch_in_epoch,
+        epoch_loss,
+        evals: evals.to_vec(),
+    }
+}
+
 fn column(all: &[f64], k: usize) -> Vec<f64> {
     all.chunks_exact(STATS).map(|s| s[k]).collect()
 }
@@ -245,7 +404,10 @@ fn column(all: &[f64], k: usize) -> Vec<f64> {
 /// Replaces each record's one-element `wait_s`/`comm_s` (this rank's) with the per-rank arrays.
 fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
     let world = comm.world_size();
-    let mine: Vec<f64> = records.iter().flat_map(|r| [r.wait_s[0], r.comm_s[0]]).collect();
+    let mine: Vec<f64> = records
+        .iter()
+        .flat_map(|r| [r.wait_s[0], r.comm_s[0]])
+        .collect();
     let mut all = vec![0.0; mine.len() * world];
     comm.all_gather_into(&mine, &mut all);
     let per_rank = mine.len();
@@ -262,7 +424,9 @@ fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
             // job would), then spin to the deadline: waking an idle (virtual) CPU can take a
             // millisecond or more, a fixed cost the factor does not ask for.
             let deadline = Instant::now() + took.mul_f64(s.factor - 1.0);
-            if let Some(nap) = deadline.checked_duration_since(Instant::now() + Duration::from_millis(2)) {
+            if let Some(nap) =
+                deadline.checked_duration_since(Instant::now() + Duration::from_millis(2))
+            {
                 std::thread::sleep(nap);
             }
             while Instant::now() < deadline {
@@ -278,8 +442,10 @@ fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
     }
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .expect("valid template"),
     );
     bar
 }

@@ -1,8 +1,14 @@
 //! Finite-difference gradient checks: every layer, and whole models through the fused losses.
 
-use lbbsp::layers::{Flatten, Io, Layer, Linear, Mode, Pass, Relu, Tanh};
+use lbbsp::chain::Chain;
+use lbbsp::conv::Conv2d;
+use lbbsp::dropout::Dropout;
+use lbbsp::layers::{Flatten, Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
 use lbbsp::loss::Loss;
 use lbbsp::model::{LayerSpec, Model, ModelSpec};
+use lbbsp::norm::GroupNorm;
+use lbbsp::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use lbbsp::residual::Residual;
 use lbbsp::rng::Rng;
 
 const MODE: Mode = Mode {
@@ -15,7 +21,10 @@ const MODE: Mode = Mode {
 fn projected(layer: &mut dyn Layer, p: &[f32], x: &[f32], r: &[f32], b: usize) -> f64 {
     let mut y = vec![0.0; r.len()];
     let ids: Vec<usize> = (0..b).collect();
-    let pass = Pass { mode: MODE, sample_ids: &ids };
+    let pass = Pass {
+        mode: MODE,
+        sample_ids: &ids,
+    };
     layer.forward(p, x, &mut y, b, &pass);
     y.iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
 }
@@ -23,10 +32,6 @@ fn projected(layer: &mut dyn Layer, p: &[f32], x: &[f32], r: &[f32], b: usize) -
 /// Checks `∂/∂p` and `∂/∂x` of `layer` at a random point against central differences.
 fn check(layer: &mut dyn Layer, in_len: usize, b: usize, keep_away_from_zero: bool) {
     let mut rng = Rng::from_keys(&[42, in_len as u64]);
-    let out_len: usize = layer.out_shape().iter().product();
-    let n_params: usize = layer.param_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
-    let mut p = vec![0.0; n_params];
-    layer.init(&mut p, &mut rng);
     let x: Vec<f32> = (0..b * in_len)
         .map(|_| {
             let v = rng.uniform(1.0);
@@ -37,12 +42,40 @@ fn check(layer: &mut dyn Layer, in_len: usize, b: usize, keep_away_from_zero: bo
             }
         })
         .collect();
+    check_at(layer, &x, b);
+}
+
+/// Like [`check`] at the input `x` (`b` rows).
+fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
+    let in_len = x.len() / b;
+    let mut rng = Rng::from_keys(&[43, in_len as u64]);
+    let out_len: usize = layer.out_shape().iter().product();
+    let n_params: usize = layer
+        .param_shapes()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum();
+    let mut p = vec![0.0; n_params];
+    layer.init(&mut p, &mut rng);
+    // Move parameters off their initial values (GroupNorm starts at exactly γ = 1, β = 0).
+    p.iter_mut().for_each(|v| *v += rng.uniform(0.3));
+    let x = x.to_vec();
     let r: Vec<f32> = (0..b * out_len).map(|_| rng.uniform(1.0)).collect();
     let mut y = vec![0.0; b * out_len];
     let ids: Vec<usize> = (0..b).collect();
-    layer.forward(&p, &x, &mut y, b, &Pass { mode: MODE, sample_ids: &ids });
-    let mut g = vec![0.0; n_params];
-    let mut dx = vec![0.0; b * in_len];
+    layer.forward(
+        &p,
+        &x,
+        &mut y,
+        b,
+        &Pass {
+            mode: MODE,
+            sample_ids: &ids,
+        },
+    );
+    // Backward overwrites its outputs: start them at NaN.
+    let mut g = vec![f32::NAN; n_params];
+    let mut dx = vec![f32::NAN; b * in_len];
     layer.backward(&p, &mut g, Io { x: &x, y: &y, b }, &r, Some(&mut dx));
 
     let eps = 1e-2f32;
@@ -51,19 +84,31 @@ fn check(layer: &mut dyn Layer, in_len: usize, b: usize, keep_away_from_zero: bo
         let (mut pp, mut pm) = (p.clone(), p.clone());
         pp[i] += eps;
         pm[i] -= eps;
-        let fd = (projected(layer, &pp, &x, &r, b) - projected(layer, &pm, &x, &r, b)) / (2.0 * eps as f64);
+        let fd = (projected(layer, &pp, &x, &r, b) - projected(layer, &pm, &x, &r, b))
+            / (2.0 * eps as f64);
         let err = (fd - g[i] as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
-        assert!(err < 2e-3, "{} param {i}: finite difference {fd} vs backward {}", layer.kind(), g[i]);
+        assert!(
+            err < 2e-3,
+            "{} param {i}: finite difference {fd} vs backward {}",
+            layer.kind(),
+            g[i]
+        );
     }
     for i in 0..x.len() {
         let (mut xp, mut xm) = (x.clone(), x.clone());
         xp[i] += eps;
         xm[i] -= eps;
-        let fd = (projected(layer, &p, &xp, &r, b) - projected(layer, &p, &xm, &r, b)) / (2.0 * eps as f64);
+        let fd = (projected(layer, &p, &xp, &r, b) - projected(layer, &p, &xm, &r, b))
+            / (2.0 * eps as f64);
         let err = (fd - dx[i] as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
-        assert!(err < 2e-3, "{} input {i}: finite difference {fd} vs backward {}", layer.kind(), dx[i]);
+        assert!(
+            err < 2e-3,
+            "{} input {i}: finite difference {fd} vs backward {}",
+            layer.kind(),
+            dx[i]
+        );
     }
     eprintln!("{}: worst relative error {worst:.2e}", layer.kind());
 }
@@ -84,8 +129,116 @@ fn tanh() {
 }
 
 #[test]
+fn silu() {
+    check(&mut Silu { shape: vec![2, 5] }, 10, 3, false);
+}
+
+#[test]
 fn flatten() {
     check(&mut Flatten { features: 12 }, 12, 2, false);
+}
+
+#[test]
+fn conv2d_stride_one_padding() {
+    check(&mut Conv2d::new([2, 5, 5], 3, 3, 1, 1), 50, 3, false);
+}
+
+#[test]
+fn conv2d_stride_two_no_padding() {
+    check(&mut Conv2d::new([3, 7, 6], 2, 3, 2, 0), 126, 2, false);
+}
+
+#[test]
+fn conv2d_one_by_one_strided_and_large_kernel() {
+    check(&mut Conv2d::new([4, 5, 5], 3, 1, 2, 0), 100, 2, false);
+    check(&mut Conv2d::new([1, 4, 4], 2, 5, 1, 2), 16, 2, false);
+}
+
+/// Distinct inputs at least 0.05 apart, so a ±1e-2 step never changes which input wins a window.
+fn separated(n: usize, key: u64) -> Vec<f32> {
+    lbbsp::rng::permutation(n, &[key])
+        .into_iter()
+        .map(|k| k as f32 * 0.05 - n as f32 * 0.025)
+        .collect()
+}
+
+#[test]
+fn max_pool2d() {
+    check_at(
+        &mut MaxPool2d::new([2, 6, 5], 2, 2),
+        &separated(2 * 60, 1),
+        2,
+    );
+    check_at(
+        &mut MaxPool2d::new([1, 5, 5], 3, 1),
+        &separated(2 * 25, 2),
+        2,
+    );
+}
+
+#[test]
+fn avg_pool2d() {
+    check(&mut AvgPool2d::new([2, 6, 5], 2, 2), 60, 2, false);
+    check(&mut AvgPool2d::new([1, 5, 5], 3, 1), 25, 2, false);
+}
+
+#[test]
+fn global_avg_pool() {
+    check(
+        &mut GlobalAvgPool {
+            input: vec![3, 4, 2],
+        },
+        24,
+        2,
+        false,
+    );
+}
+
+/// Training mode, with the same `Pass` for every evaluation, so the mask is fixed.
+#[test]
+fn dropout_with_a_fixed_mask() {
+    let mut d = Dropout::new(0.4, vec![3, 2, 2], 5);
+    check(&mut d, 12, 3, false);
+}
+
+#[test]
+fn group_norm() {
+    check(&mut GroupNorm::new(2, vec![4, 3, 3]), 36, 3, false);
+    check(&mut GroupNorm::new(1, vec![3, 2, 2]), 12, 2, false);
+    check(&mut GroupNorm::new(3, vec![3, 5]), 15, 2, false);
+}
+
+/// A block with a projection shortcut (strided 1×1 conv + norm) and one with the identity.
+#[test]
+fn residual_block() {
+    let body: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2d::new([2, 5, 5], 4, 3, 2, 1)),
+        Box::new(GroupNorm::new(2, vec![4, 3, 3])),
+        Box::new(Tanh {
+            shape: vec![4, 3, 3],
+        }),
+        Box::new(Conv2d::new([4, 3, 3], 4, 3, 1, 1)),
+    ];
+    let shortcut: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2d::new([2, 5, 5], 4, 1, 2, 0)),
+        Box::new(GroupNorm::new(2, vec![4, 3, 3])),
+    ];
+    let mut block = Residual::new(
+        Chain::new(&[2, 5, 5], body),
+        Chain::new(&[2, 5, 5], shortcut),
+    );
+    check(&mut block, 50, 3, false);
+    let body: Vec<Box<dyn Layer>> = vec![
+        Box::new(Conv2d::new([3, 4, 4], 3, 3, 1, 1)),
+        Box::new(Tanh {
+            shape: vec![3, 4, 4],
+        }),
+    ];
+    let mut block = Residual::new(
+        Chain::new(&[3, 4, 4], body),
+        Chain::new(&[3, 4, 4], Vec::new()),
+    );
+    check(&mut block, 48, 2, false);
 }
 
 /// The whole model: `grads` from `forward_backward` against finite differences of the mean loss.
@@ -137,4 +290,86 @@ fn logistic_regression() {
         loss: Loss::Logistic,
     };
     check_model(spec, &[6], 2, 5);
+}
+
+/// conv → group-norm → tanh → max-pool → dropout → conv → tanh → avg-pool → flatten → linear.
+/// (Smooth activations: a ±1e-2 step in an early weight moves every later pre-activation, and a
+/// relu kink crossed by the step would spoil the difference quotient; relu has its own check.)
+#[test]
+fn tiny_conv_net() {
+    let spec = ModelSpec {
+        layers: vec![
+            LayerSpec::Conv2d {
+                out_channels: 4,
+                kernel: 3,
+                stride: 1,
+                padding: 1,
+            },
+            LayerSpec::GroupNorm { groups: 2 },
+            LayerSpec::Tanh,
+            LayerSpec::MaxPool2d {
+                kernel: 2,
+                stride: None,
+            },
+            LayerSpec::Dropout { p: 0.25 },
+            LayerSpec::Conv2d {
+                out_channels: 3,
+                kernel: 2,
+                stride: 1,
+                padding: 0,
+            },
+            LayerSpec::Tanh,
+            LayerSpec::AvgPool2d {
+                kernel: 2,
+                stride: Some(1),
+            },
+            LayerSpec::Flatten,
+            LayerSpec::Linear { out: 3 },
+        ],
+        loss: Loss::SoftmaxCrossEntropy,
+    };
+    check_model(spec, &[2, 6, 6], 3, 4);
+}
+
+/// stem conv → two residual blocks (identity, then projection) → global average pool → linear.
+#[test]
+fn tiny_residual_net() {
+    let conv = |out_channels, kernel, stride, padding| LayerSpec::Conv2d {
+        out_channels,
+        kernel,
+        stride,
+        padding,
+    };
+    let spec = ModelSpec {
+        layers: vec![
+            conv(4, 3, 1, 1),
+            LayerSpec::GroupNorm { groups: 2 },
+            LayerSpec::Tanh,
+            LayerSpec::Residual {
+                layers: vec![
+                    conv(4, 3, 1, 1),
+                    LayerSpec::GroupNorm { groups: 2 },
+                    LayerSpec::Tanh,
+                    conv(4, 3, 1, 1),
+                ],
+                shortcut: vec![],
+            },
+            LayerSpec::Tanh,
+            LayerSpec::Residual {
+                layers: vec![
+                    conv(6, 3, 2, 1),
+                    LayerSpec::GroupNorm { groups: 3 },
+                    LayerSpec::Tanh,
+                    conv(6, 3, 1, 1),
+                ],
+                shortcut: vec![conv(6, 1, 2, 0)],
+            },
+            LayerSpec::Silu,
+            LayerSpec::Dropout { p: 0.2 },
+            LayerSpec::GlobalAvgPool,
+            LayerSpec::Linear { out: 3 },
+        ],
+        loss: Loss::SoftmaxCrossEntropy,
+    };
+    check_model(spec, &[1, 6, 6], 3, 3);
 }

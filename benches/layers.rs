@@ -1,0 +1,165 @@
+//! Forward + backward (with the input gradient) of each layer at the shapes of W2 (LeNet-5 on
+//! 28×28 MNIST, batch 64), plus the GroupNorm/residual shapes of `fashion-resnet`, in samples/s.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use lbbsp::chain::Chain;
+use lbbsp::conv::Conv2d;
+use lbbsp::dropout::Dropout;
+use lbbsp::layers::{Io, Layer, Linear, Mode, Pass, Relu};
+use lbbsp::norm::GroupNorm;
+use lbbsp::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use lbbsp::residual::Residual;
+use lbbsp::rng::Rng;
+use std::hint::black_box;
+
+const BATCH: usize = 64;
+
+/// Buffers of one layer at batch `BATCH`, with random parameters, input and output gradient.
+struct Bench {
+    layer: Box<dyn Layer>,
+    p: Vec<f32>,
+    g: Vec<f32>,
+    x: Vec<f32>,
+    y: Vec<f32>,
+    dy: Vec<f32>,
+    dx: Vec<f32>,
+    ids: Vec<usize>,
+}
+
+impl Bench {
+    fn new(layer: Box<dyn Layer>, input: &[usize]) -> Bench {
+        let mut rng = Rng::from_keys(&[11]);
+        let n_params: usize = layer
+            .param_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        let mut p = vec![0.0; n_params];
+        layer.init(&mut p, &mut rng);
+        let (il, ol) = (
+            input.iter().product::<usize>() * BATCH,
+            layer.out_shape().iter().product::<usize>() * BATCH,
+        );
+        Bench {
+            layer,
+            p,
+            g: vec![0.0; n_params],
+            x: (0..il).map(|_| rng.uniform(1.0)).collect(),
+            y: vec![0.0; ol],
+            dy: (0..ol).map(|_| rng.uniform(1.0)).collect(),
+            dx: vec![0.0; il],
+            ids: (0..BATCH).collect(),
+        }
+    }
+
+    fn step(&mut self) {
+        let mode = Mode {
+            train: true,
+            seed: 1,
+            epoch: 0,
+        };
+        let pass = Pass {
+            mode,
+            sample_ids: &self.ids,
+        };
+        self.layer
+            .forward(&self.p, &self.x, &mut self.y, BATCH, &pass);
+        let io = Io {
+            x: &self.x,
+            y: &self.y,
+            b: BATCH,
+        };
+        self.layer
+            .backward(&self.p, &mut self.g, io, &self.dy, Some(&mut self.dx));
+        black_box(&self.dx);
+    }
+}
+
+fn layers(c: &mut Criterion) {
+    let conv = |input: [usize; 3], out, k, s, pad| {
+        Box::new(Conv2d::new(input, out, k, s, pad)) as Box<dyn Layer>
+    };
+    let block = || {
+        let body: Vec<Box<dyn Layer>> = vec![
+            conv([16, 14, 14], 16, 3, 1, 1),
+            Box::new(GroupNorm::new(4, vec![16, 14, 14])),
+            Box::new(Relu {
+                shape: vec![16, 14, 14],
+            }),
+            conv([16, 14, 14], 16, 3, 1, 1),
+            Box::new(GroupNorm::new(4, vec![16, 14, 14])),
+        ];
+        Box::new(Residual::new(
+            Chain::new(&[16, 14, 14], body),
+            Chain::new(&[16, 14, 14], Vec::new()),
+        )) as Box<dyn Layer>
+    };
+    let cases: Vec<(&str, Box<dyn Layer>, Vec<usize>)> = vec![
+        (
+            "conv1 1x28x28 -> 6 k5 p2",
+            conv([1, 28, 28], 6, 5, 1, 2),
+            vec![1, 28, 28],
+        ),
+        (
+            "relu 6x28x28",
+            Box::new(Relu {
+                shape: vec![6, 28, 28],
+            }),
+            vec![6, 28, 28],
+        ),
+        (
+            "max-pool 6x28x28 k2",
+            Box::new(MaxPool2d::new([6, 28, 28], 2, 2)),
+            vec![6, 28, 28],
+        ),
+        (
+            "conv2 6x14x14 -> 16 k5",
+            conv([6, 14, 14], 16, 5, 1, 0),
+            vec![6, 14, 14],
+        ),
+        (
+            "avg-pool 16x10x10 k2",
+            Box::new(AvgPool2d::new([16, 10, 10], 2, 2)),
+            vec![16, 10, 10],
+        ),
+        (
+            "linear 400 -> 120",
+            Box::new(Linear { inp: 400, out: 120 }),
+            vec![400],
+        ),
+        (
+            "dropout 0.5 x 400",
+            Box::new(Dropout::new(0.5, vec![400], 3)),
+            vec![400],
+        ),
+        (
+            "global-avg-pool 16x10x10",
+            Box::new(GlobalAvgPool {
+                input: vec![16, 10, 10],
+            }),
+            vec![16, 10, 10],
+        ),
+        (
+            "group-norm 16x14x14 g4",
+            Box::new(GroupNorm::new(4, vec![16, 14, 14])),
+            vec![16, 14, 14],
+        ),
+        (
+            "residual 16x14x14 (2 conv3x3 + 2 gn)",
+            block(),
+            vec![16, 14, 14],
+        ),
+    ];
+    let mut g = c.benchmark_group("layer_forward_backward");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    for (name, layer, input) in cases {
+        let mut b = Bench::new(layer, &input);
+        g.bench_function(BenchmarkId::new(name, BATCH), |bench| {
+            bench.iter(|| b.step())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, layers);
+criterion_main!(benches);
