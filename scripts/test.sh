@@ -6,4 +6,5 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cargo run --release --locked -q -- data fetch all   # verify checksums; download what is missing
 cargo test --release --locked --all-targets
+cargo build --release --locked --examples
 mpirun -n 2 ./target/release/examples/custom_loop

@@ -502,6 +502,7 @@ mod tests {
             { type = "dropout", p = 0.1 },
         ], shortcut = [{ type = "conv2d", out_channels = 8, kernel = 1, stride = 2 }] },
         { type = "relu" },
+        { type = "max-pool2d", kernel = 1 },
         { type = "global-avg-pool" },
         { type = "linear", out = 3 },
     ]"#;
@@ -526,8 +527,8 @@ mod tests {
                 ("layers.1.body.1.bias", vec![8]),
                 ("layers.1.shortcut.0.weight", vec![8, 4, 1, 1]),
                 ("layers.1.shortcut.0.bias", vec![8]),
-                ("layers.4.weight", vec![3, 8]),
-                ("layers.4.bias", vec![3]),
+                ("layers.5.weight", vec![3, 8]),
+                ("layers.5.bias", vec![3]),
             ]
         );
         assert_eq!(m.params.len(), m.table.len());
