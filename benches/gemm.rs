@@ -29,7 +29,22 @@ fn mm(c: &Case, a: &[f32], b: &[f32], out: &mut [f32]) {
     let (rsb, csb) = if c.tb == Trans::N { (c.n as isize, 1) } else { (1, c.k as isize) };
     // SAFETY: strides describe the m×k, k×n and m×n row-major buffers exactly.
     unsafe {
-        matrixmultiply::sgemm(c.m, c.k, c.n, 1.0, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, 0.0, out.as_mut_ptr(), c.n as isize, 1)
+        matrixmultiply::sgemm(
+            c.m,
+            c.k,
+            c.n,
+            1.0,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            0.0,
+            out.as_mut_ptr(),
+            c.n as isize,
+            1,
+        )
     }
 }
 
@@ -44,7 +59,9 @@ fn bench(cr: &mut Criterion) {
         g.bench_function(BenchmarkId::new("lbbsp", c.name), |bn| {
             bn.iter(|| gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0, black_box(&a), black_box(&b), 0.0, &mut out))
         });
-        g.bench_function(BenchmarkId::new("matrixmultiply-1-thread", c.name), |bn| bn.iter(|| mm(&c, black_box(&a), black_box(&b), &mut out)));
+        g.bench_function(BenchmarkId::new("matrixmultiply-1-thread", c.name), |bn| {
+            bn.iter(|| mm(&c, black_box(&a), black_box(&b), &mut out))
+        });
     }
     g.finish();
 }

@@ -29,17 +29,10 @@ struct Bench {
 impl Bench {
     fn new(layer: Box<dyn Layer>, input: &[usize]) -> Bench {
         let mut rng = Rng::from_keys(&[11]);
-        let n_params: usize = layer
-            .param_shapes()
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum();
+        let n_params: usize = layer.param_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
         let mut p = vec![0.0; n_params];
         layer.init(&mut p, &mut rng);
-        let (il, ol) = (
-            input.iter().product::<usize>() * BATCH,
-            layer.out_shape().iter().product::<usize>() * BATCH,
-        );
+        let (il, ol) = (input.iter().product::<usize>() * BATCH, layer.out_shape().iter().product::<usize>() * BATCH);
         Bench {
             layer,
             p,
@@ -53,110 +46,45 @@ impl Bench {
     }
 
     fn step(&mut self) {
-        let mode = Mode {
-            train: true,
-            seed: 1,
-            epoch: 0,
-        };
-        let pass = Pass {
-            mode,
-            sample_ids: &self.ids,
-        };
-        self.layer
-            .forward(&self.p, &self.x, &mut self.y, BATCH, &pass);
-        let io = Io {
-            x: &self.x,
-            y: &self.y,
-            b: BATCH,
-        };
-        self.layer
-            .backward(&self.p, &mut self.g, io, &self.dy, Some(&mut self.dx));
+        let mode = Mode { train: true, seed: 1, epoch: 0 };
+        let pass = Pass { mode, sample_ids: &self.ids };
+        self.layer.forward(&self.p, &self.x, &mut self.y, BATCH, &pass);
+        let io = Io { x: &self.x, y: &self.y, b: BATCH };
+        self.layer.backward(&self.p, &mut self.g, io, &self.dy, Some(&mut self.dx));
         black_box(&self.dx);
     }
 }
 
 fn layers(c: &mut Criterion) {
-    let conv = |input: [usize; 3], out, k, s, pad| {
-        Box::new(Conv2d::new(input, out, k, s, pad)) as Box<dyn Layer>
-    };
+    let conv = |input: [usize; 3], out, k, s, pad| Box::new(Conv2d::new(input, out, k, s, pad)) as Box<dyn Layer>;
     let block = || {
         let body: Vec<Box<dyn Layer>> = vec![
             conv([16, 14, 14], 16, 3, 1, 1),
             Box::new(GroupNorm::new(4, vec![16, 14, 14])),
-            Box::new(Relu {
-                shape: vec![16, 14, 14],
-            }),
+            Box::new(Relu { shape: vec![16, 14, 14] }),
             conv([16, 14, 14], 16, 3, 1, 1),
             Box::new(GroupNorm::new(4, vec![16, 14, 14])),
         ];
-        Box::new(Residual::new(
-            Chain::new(&[16, 14, 14], body),
-            Chain::new(&[16, 14, 14], Vec::new()),
-        )) as Box<dyn Layer>
+        Box::new(Residual::new(Chain::new(&[16, 14, 14], body), Chain::new(&[16, 14, 14], Vec::new())))
+            as Box<dyn Layer>
     };
     let cases: Vec<(&str, Box<dyn Layer>, Vec<usize>)> = vec![
-        (
-            "conv1 1x28x28 -> 6 k5 p2",
-            conv([1, 28, 28], 6, 5, 1, 2),
-            vec![1, 28, 28],
-        ),
-        (
-            "relu 6x28x28",
-            Box::new(Relu {
-                shape: vec![6, 28, 28],
-            }),
-            vec![6, 28, 28],
-        ),
-        (
-            "max-pool 6x28x28 k2",
-            Box::new(MaxPool2d::new([6, 28, 28], 2, 2)),
-            vec![6, 28, 28],
-        ),
-        (
-            "conv2 6x14x14 -> 16 k5",
-            conv([6, 14, 14], 16, 5, 1, 0),
-            vec![6, 14, 14],
-        ),
-        (
-            "avg-pool 16x10x10 k2",
-            Box::new(AvgPool2d::new([16, 10, 10], 2, 2)),
-            vec![16, 10, 10],
-        ),
-        (
-            "linear 400 -> 120",
-            Box::new(Linear { inp: 400, out: 120 }),
-            vec![400],
-        ),
-        (
-            "dropout 0.5 x 400",
-            Box::new(Dropout::new(0.5, vec![400], 3)),
-            vec![400],
-        ),
-        (
-            "global-avg-pool 16x10x10",
-            Box::new(GlobalAvgPool {
-                input: vec![16, 10, 10],
-            }),
-            vec![16, 10, 10],
-        ),
-        (
-            "group-norm 16x14x14 g4",
-            Box::new(GroupNorm::new(4, vec![16, 14, 14])),
-            vec![16, 14, 14],
-        ),
-        (
-            "residual 16x14x14 (2 conv3x3 + 2 gn)",
-            block(),
-            vec![16, 14, 14],
-        ),
+        ("conv1 1x28x28 -> 6 k5 p2", conv([1, 28, 28], 6, 5, 1, 2), vec![1, 28, 28]),
+        ("relu 6x28x28", Box::new(Relu { shape: vec![6, 28, 28] }), vec![6, 28, 28]),
+        ("max-pool 6x28x28 k2", Box::new(MaxPool2d::new([6, 28, 28], 2, 2)), vec![6, 28, 28]),
+        ("conv2 6x14x14 -> 16 k5", conv([6, 14, 14], 16, 5, 1, 0), vec![6, 14, 14]),
+        ("avg-pool 16x10x10 k2", Box::new(AvgPool2d::new([16, 10, 10], 2, 2)), vec![16, 10, 10]),
+        ("linear 400 -> 120", Box::new(Linear { inp: 400, out: 120 }), vec![400]),
+        ("dropout 0.5 x 400", Box::new(Dropout::new(0.5, vec![400], 3)), vec![400]),
+        ("global-avg-pool 16x10x10", Box::new(GlobalAvgPool { input: vec![16, 10, 10] }), vec![16, 10, 10]),
+        ("group-norm 16x14x14 g4", Box::new(GroupNorm::new(4, vec![16, 14, 14])), vec![16, 14, 14]),
+        ("residual 16x14x14 (2 conv3x3 + 2 gn)", block(), vec![16, 14, 14]),
     ];
     let mut g = c.benchmark_group("layer_forward_backward");
     g.throughput(Throughput::Elements(BATCH as u64));
     for (name, layer, input) in cases {
         let mut b = Bench::new(layer, &input);
-        g.bench_function(BenchmarkId::new(name, BATCH), |bench| {
-            bench.iter(|| b.step())
-        });
+        g.bench_function(BenchmarkId::new(name, BATCH), |bench| bench.iter(|| b.step()));
     }
     g.finish();
 }

@@ -23,11 +23,7 @@ fn setup(recipe: &str, shape: &[usize], classes: usize, b: usize) -> (Model, Sgd
 }
 
 fn train_step(c: &mut Criterion) {
-    let mode = Mode {
-        train: true,
-        seed: 1,
-        epoch: 0,
-    };
+    let mode = Mode { train: true, seed: 1, epoch: 0 };
     let mut g = c.benchmark_group("train_step");
     for &b in &[128usize] {
         let (mut m, mut opt, lr) = setup("mnist-mlp", &[1, 28, 28], 10, b);

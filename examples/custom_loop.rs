@@ -22,14 +22,12 @@ fn main() -> anyhow::Result<()> {
     let mut rng = Rng::from_keys(&[7]);
     let w_true: Vec<f32> = (0..d).map(|_| rng.uniform(1.0)).collect();
     let x: Vec<f32> = (0..n * d).map(|_| rng.uniform(1.0)).collect();
-    let y: Vec<f32> = x.chunks(d).map(|r| r.iter().zip(&w_true).map(|(a, b)| a * b).sum::<f32>() + 0.01 * rng.normal()).collect();
+    let y: Vec<f32> =
+        x.chunks(d).map(|r| r.iter().zip(&w_true).map(|(a, b)| a * b).sum::<f32>() + 0.01 * rng.normal()).collect();
 
     let mut w = vec![0.0f32; d];
     comm.broadcast_into(0, &mut w); // everyone starts from rank 0's parameters
-    let cfg = BalanceConfig {
-        policy: Policy::Lbbsp,
-        ..Default::default()
-    };
+    let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
     let mut balancer = Balancer::new(&cfg, global_batch, world)?;
     let mut cpu = CpuSampler::new();
     let (mut local_grad, mut grad) = (vec![0.0f32; d + 1], vec![0.0f32; d + 1]);
@@ -61,7 +59,8 @@ fn main() -> anyhow::Result<()> {
             // Everyone learns everyone's (b_i, t_i) before the allreduce, then the balancer (a pure
             // function of those) gives every rank the same next split.
             comm.all_gather_into(&[mine.len() as f64, compute_s], &mut stats);
-            let obs: Vec<Observation> = stats.chunks(2).map(|s| Observation { batch: s[0] as usize, compute_s: s[1] }).collect();
+            let obs: Vec<Observation> =
+                stats.chunks(2).map(|s| Observation { batch: s[0] as usize, compute_s: s[1] }).collect();
             balancer.observe(&obs);
 
             // The distributed step: Σ_ranks (gradient sum / B) = exact mean gradient of the batch.

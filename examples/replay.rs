@@ -8,10 +8,22 @@ fn main() -> anyhow::Result<()> {
     let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
     let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;
     for r in &recs {
-        let obs: Vec<Observation> = r.batch_sizes.iter().zip(&r.compute_s).map(|(&b, &c)| Observation { batch: b, compute_s: c }).collect();
+        let obs: Vec<Observation> =
+            r.batch_sizes.iter().zip(&r.compute_s).map(|(&b, &c)| Observation { batch: b, compute_s: c }).collect();
         bal.observe(&obs);
-        let lines: Vec<String> = bal.fits.iter().map(|f| f.line().map_or("-".into(), |l| format!("a={:.2}ms b={:.4}ms", l.alpha * 1e3, l.beta * 1e3))).collect();
-        println!("{} {:?} {:?} -> {:?} {:?}", r.iter, r.batch_sizes, r.compute_s.iter().map(|c| (c * 1e4).round() / 10.0).collect::<Vec<_>>(), bal.sizes(), lines);
+        let lines: Vec<String> = bal
+            .fits
+            .iter()
+            .map(|f| f.line().map_or("-".into(), |l| format!("a={:.2}ms b={:.4}ms", l.alpha * 1e3, l.beta * 1e3)))
+            .collect();
+        println!(
+            "{} {:?} {:?} -> {:?} {:?}",
+            r.iter,
+            r.batch_sizes,
+            r.compute_s.iter().map(|c| (c * 1e4).round() / 10.0).collect::<Vec<_>>(),
+            bal.sizes(),
+            lines
+        );
     }
     Ok(())
 }

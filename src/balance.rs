@@ -93,7 +93,10 @@ impl BalanceConfig {
     /// Checks values that do not depend on the world size.
     pub fn validate(&self, global_batch: usize) -> Result<()> {
         if self.b_min == 0 {
-            return Err(Error::config("balance.b_min", "must be at least 1 (a rank with no samples has no speed to measure)"));
+            return Err(Error::config(
+                "balance.b_min",
+                "must be at least 1 (a rank with no samples has no speed to measure)",
+            ));
         }
         if let Some(hi) = self.b_max {
             if hi < self.b_min {
@@ -205,10 +208,7 @@ impl RankFit {
             return None;
         }
         let (b_mean, t_mean) = (f.b / f.w, f.t / f.w);
-        let proportional = Line {
-            alpha: 0.0,
-            beta: (t_mean / b_mean).max(1e-12),
-        };
+        let proportional = Line { alpha: 0.0, beta: (t_mean / b_mean).max(1e-12) };
         match self.slow.slope() {
             Some(beta) if beta > 0.0 && beta.is_finite() => {
                 let alpha = t_mean - beta * b_mean;
@@ -255,7 +255,9 @@ impl RankFit {
             if rel.abs() > cfg.outlier {
                 // Same direction and about the same size (within 25%) as the held ones: a real
                 // change, not a burst of noise, once `confirm_iters` agree.
-                let agrees = |&(_, _, p): &(f64, f64, f64)| (p - 1.0).signum() == rel.signum() && (ratio / p).ln().abs() < 1.25f64.ln();
+                let agrees = |&(_, _, p): &(f64, f64, f64)| {
+                    (p - 1.0).signum() == rel.signum() && (ratio / p).ln().abs() < 1.25f64.ln()
+                };
                 if !self.pending.iter().all(agrees) {
                     self.pending.clear();
                 }
@@ -431,7 +433,8 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
             t_hi = mid;
         }
     }
-    let mut sizes: Vec<usize> = (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
+    let mut sizes: Vec<usize> =
+        (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
     // Floors lose < 1 per rank, so fewer than n samples remain. Hand them out one at a time to the
     // rank whose predicted time after taking one more is smallest (ties to the lower rank): for
     // increasing per-rank costs this greedy fill reaches the optimal integer max.
@@ -486,21 +489,14 @@ mod tests {
         let cfg = BalanceConfig::default();
         let e = Balancer::new(&cfg, 2, 3).unwrap_err().to_string();
         assert!(e.contains("train.global_batch") && e.contains("3 ranks"), "{e}");
-        let cfg = BalanceConfig {
-            b_max: Some(10),
-            ..Default::default()
-        };
+        let cfg = BalanceConfig { b_max: Some(10), ..Default::default() };
         let e = Balancer::new(&cfg, 64, 3).unwrap_err().to_string();
         assert!(e.contains("balance.b_max"), "{e}");
     }
 
     #[test]
     fn fit_recovers_a_line() {
-        let cfg = BalanceConfig {
-            forgetting: 1.0,
-            slope_forgetting: 1.0,
-            ..Default::default()
-        };
+        let cfg = BalanceConfig { forgetting: 1.0, slope_forgetting: 1.0, ..Default::default() };
         let mut f = RankFit::default();
         for b in [10, 20, 30, 40, 25] {
             f.observe(b, 0.5 + 0.1 * b as f64, &cfg);

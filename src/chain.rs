@@ -29,23 +29,12 @@ impl Chain {
         let mut ranges = Vec::with_capacity(layers.len());
         let mut at = 0;
         for l in &layers {
-            let n: usize = l
-                .param_shapes()
-                .iter()
-                .map(|(_, s)| s.iter().product::<usize>())
-                .sum();
+            let n: usize = l.param_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
             ranges.push(at..at + n);
             at += n;
             shapes.push(l.out_shape());
         }
-        Chain {
-            layers,
-            ranges,
-            shapes,
-            acts: Vec::new(),
-            dacts: Vec::new(),
-            capacity: 0,
-        }
+        Chain { layers, ranges, shapes, acts: Vec::new(), dacts: Vec::new(), capacity: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -73,11 +62,7 @@ impl Chain {
     pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            out.extend(
-                l.param_shapes()
-                    .into_iter()
-                    .map(|(name, s)| (format!("{i}.{name}"), s)),
-            );
+            out.extend(l.param_shapes().into_iter().map(|(name, s)| (format!("{i}.{name}"), s)));
         }
         out
     }
@@ -108,11 +93,7 @@ impl Chain {
 
     /// `x: b × |input| →` [`Chain::output`]; `p` is the chain's parameter slice.
     pub fn forward(&mut self, p: &[f32], x: &[f32], b: usize, pass: &Pass) {
-        assert!(
-            !self.is_empty() && b <= self.capacity,
-            "chain: empty, or batch {b} above capacity {}",
-            self.capacity
-        );
+        assert!(!self.is_empty() && b <= self.capacity, "chain: empty, or batch {b} above capacity {}", self.capacity);
         assert_eq!(p.len(), self.n_params(), "chain: parameter slice");
         for i in 0..self.layers.len() {
             let (done, rest) = self.acts.split_at_mut(i);
@@ -124,33 +105,14 @@ impl Chain {
     /// Backward through all layers from `dy = ∂L/∂output`: writes the parameter gradients into `g`
     /// (the chain's gradient slice) and, when asked, `∂L/∂x` into `dx`. `x` is the input of the
     /// forward pass just run.
-    pub fn backward(
-        &mut self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        dy: &[f32],
-        mut dx: Option<&mut [f32]>,
-        b: usize,
-    ) {
+    pub fn backward(&mut self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], mut dx: Option<&mut [f32]>, b: usize) {
         let n = self.layers.len();
-        assert!(
-            n > 0 && g.len() == self.n_params(),
-            "chain: empty, or wrong gradient slice"
-        );
+        assert!(n > 0 && g.len() == self.n_params(), "chain: empty, or wrong gradient slice");
         for i in (0..n).rev() {
-            let io = Io {
-                x: if i == 0 { x } else { &self.acts[i - 1] },
-                y: &self.acts[i],
-                b,
-            };
+            let io = Io { x: if i == 0 { x } else { &self.acts[i - 1] }, y: &self.acts[i], b };
             let (below, here) = self.dacts.split_at_mut(i);
             let dy_i: &[f32] = if i == n - 1 { dy } else { &here[0] };
-            let dx_i = if i == 0 {
-                dx.take()
-            } else {
-                Some(&mut below[i - 1][..])
-            };
+            let dx_i = if i == 0 { dx.take() } else { Some(&mut below[i - 1][..]) };
             let r = self.ranges[i].clone();
             self.layers[i].backward(&p[r.clone()], &mut g[r], io, dy_i, dx_i);
         }

@@ -112,10 +112,7 @@ pub struct Checkpoint {
 }
 
 fn err(path: impl Into<PathBuf>, msg: impl Into<String>) -> Error {
-    Error::Checkpoint {
-        path: path.into(),
-        msg: msg.into(),
-    }
+    Error::Checkpoint { path: path.into(), msg: msg.into() }
 }
 
 /// The folder of the checkpoint after `step` iterations.
@@ -150,19 +147,13 @@ pub fn list(root: &Path) -> Result<Vec<(usize, PathBuf)>> {
 /// Whether `path` names one checkpoint (a `step-<n>` folder or one holding `state.json`) rather than
 /// a folder of checkpoints.
 pub fn is_step_dir(path: &Path) -> bool {
-    path.join(STATE_FILE).is_file()
-        || path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(parse_step)
-            .is_some()
+    path.join(STATE_FILE).is_file() || path.file_name().and_then(|n| n.to_str()).and_then(parse_step).is_some()
 }
 
 /// The folder of checkpoints `path` belongs to: `path` itself, or its parent for one checkpoint.
 pub fn root_of(path: &Path) -> PathBuf {
     if is_step_dir(path) {
-        path.parent()
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
     } else {
         path.to_path_buf()
     }
@@ -196,23 +187,11 @@ fn to_safetensors(path: &Path, table: &ParamTable, buffers: &[(&str, &[f32])]) -
     let bytes: Vec<Vec<u8>> = buffers.iter().map(|(_, v)| le_bytes(v)).collect();
     let mut views = Vec::new();
     for ((prefix, values), raw) in buffers.iter().zip(&bytes) {
-        assert_eq!(
-            values.len(),
-            table.len(),
-            "buffer `{prefix}` is not laid out like the parameters"
-        );
+        assert_eq!(values.len(), table.len(), "buffer `{prefix}` is not laid out like the parameters");
         for e in table.entries() {
-            let name = if prefix.is_empty() {
-                e.name.clone()
-            } else {
-                format!("{prefix}.{}", e.name)
-            };
-            let view = TensorView::new(
-                Dtype::F32,
-                e.shape.clone(),
-                &raw[4 * e.offset..4 * (e.offset + e.len())],
-            )
-            .map_err(|x| err(path, format!("tensor `{name}`: {x}")))?;
+            let name = if prefix.is_empty() { e.name.clone() } else { format!("{prefix}.{}", e.name) };
+            let view = TensorView::new(Dtype::F32, e.shape.clone(), &raw[4 * e.offset..4 * (e.offset + e.len())])
+                .map_err(|x| err(path, format!("tensor `{name}`: {x}")))?;
             views.push((name, view));
         }
     }
@@ -228,17 +207,11 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(path, e))
+    File::open(path).and_then(|d| d.sync_all()).map_err(|e| Error::io(path, e))
 }
 
 fn digest(name: &str, bytes: &[u8]) -> FileDigest {
-    FileDigest {
-        name: name.to_string(),
-        bytes: bytes.len() as u64,
-        sha256: hex(&Sha256::digest(bytes)),
-    }
+    FileDigest { name: name.to_string(), bytes: bytes.len() as u64, sha256: hex(&Sha256::digest(bytes)) }
 }
 
 /// Writes `snap` atomically as `root/step-<step>/` (replacing one of the same step) and returns
@@ -247,26 +220,18 @@ pub fn save(root: &Path, snap: &Snapshot<'_>) -> Result<PathBuf> {
     let step = snap.progress.step;
     let dest = step_dir(root, step);
     let model = to_safetensors(&dest.join(MODEL_FILE), snap.table, &[("", snap.params)])?;
-    let opt = to_safetensors(
-        &dest.join(OPTIMIZER_FILE),
-        snap.table,
-        &snap.optimizer.buffers(),
-    )?;
+    let opt = to_safetensors(&dest.join(OPTIMIZER_FILE), snap.table, &snap.optimizer.buffers())?;
     let state = TrainingState {
         format: FORMAT,
         progress: snap.progress.clone(),
         world_size: snap.world_size,
         optimizer: snap.optimizer.state(),
         balancer: snap.balancer.clone(),
-        rng: RngState {
-            seed: snap.recipe.train.seed,
-            scheme: RNG_SCHEME.to_string(),
-        },
+        rng: RngState { seed: snap.recipe.train.seed, scheme: RNG_SCHEME.to_string() },
         recipe: snap.recipe.to_toml(),
         files: vec![digest(MODEL_FILE, &model), digest(OPTIMIZER_FILE, &opt)],
     };
-    let json =
-        serde_json::to_vec_pretty(&state).map_err(|e| err(dest.join(STATE_FILE), e.to_string()))?;
+    let json = serde_json::to_vec_pretty(&state).map_err(|e| err(dest.join(STATE_FILE), e.to_string()))?;
 
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
     let pid = std::process::id();
@@ -307,22 +272,12 @@ fn read_verified(dir: &Path, state: &TrainingState, name: &str) -> Result<Vec<u8
     if bytes.len() as u64 != rec.bytes {
         return Err(err(
             &path,
-            format!(
-                "truncated or corrupted: {} bytes, {STATE_FILE} records {}",
-                bytes.len(),
-                rec.bytes
-            ),
+            format!("truncated or corrupted: {} bytes, {STATE_FILE} records {}", bytes.len(), rec.bytes),
         ));
     }
     let actual = hex(&Sha256::digest(&bytes));
     if actual != rec.sha256 {
-        return Err(err(
-            &path,
-            format!(
-                "corrupted: sha256 {actual}, {STATE_FILE} records {}",
-                rec.sha256
-            ),
-        ));
+        return Err(err(&path, format!("corrupted: sha256 {actual}, {STATE_FILE} records {}", rec.sha256)));
     }
     Ok(bytes)
 }
@@ -330,18 +285,9 @@ fn read_verified(dir: &Path, state: &TrainingState, name: &str) -> Result<Vec<u8
 /// Decodes a safetensors file into buffers laid out like `table`: buffer `prefix` takes the tensors
 /// `prefix.<parameter>` (or `<parameter>` for an empty prefix). The file must hold exactly those
 /// tensors, as F32 with the table's shapes.
-fn from_safetensors(
-    path: &Path,
-    bytes: &[u8],
-    table: &ParamTable,
-    prefixes: &[&str],
-) -> Result<Vec<Vec<f32>>> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| {
-        err(
-            path,
-            format!("not a valid safetensors file ({e}): truncated or corrupted?"),
-        )
-    })?;
+fn from_safetensors(path: &Path, bytes: &[u8], table: &ParamTable, prefixes: &[&str]) -> Result<Vec<Vec<f32>>> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| err(path, format!("not a valid safetensors file ({e}): truncated or corrupted?")))?;
     let other = "were these written for another recipe?";
     let name_of = |prefix: &str, p: &str| {
         if prefix.is_empty() {
@@ -356,13 +302,7 @@ fn from_safetensors(
         for e in table.entries() {
             let name = name_of(pre, &e.name);
             let t = st.tensor(&name).map_err(|_| {
-                err(
-                    path,
-                    format!(
-                        "has no tensor `{name}` (F32 {:?}), which the recipe needs; {other}",
-                        e.shape
-                    ),
-                )
+                err(path, format!("has no tensor `{name}` (F32 {:?}), which the recipe needs; {other}", e.shape))
             })?;
             if t.dtype() != Dtype::F32 || t.shape() != e.shape.as_slice() {
                 let msg = format!(
@@ -381,20 +321,9 @@ fn from_safetensors(
     }
     let expected = prefixes.len() * table.entries().len();
     if st.len() != expected {
-        let known = |n: &str| {
-            prefixes
-                .iter()
-                .any(|pre| table.entries().iter().any(|e| name_of(pre, &e.name) == n))
-        };
-        let extra = st
-            .names()
-            .into_iter()
-            .find(|n| !known(n))
-            .unwrap_or_default();
-        return Err(err(
-            path,
-            format!("holds tensor `{extra}`, which the recipe does not have; {other}"),
-        ));
+        let known = |n: &str| prefixes.iter().any(|pre| table.entries().iter().any(|e| name_of(pre, &e.name) == n));
+        let extra = st.names().into_iter().find(|n| !known(n)).unwrap_or_default();
+        return Err(err(path, format!("holds tensor `{extra}`, which the recipe does not have; {other}")));
     }
     Ok(out)
 }
@@ -403,20 +332,10 @@ fn from_safetensors(
 pub fn read_state(dir: &Path) -> Result<TrainingState> {
     let path = dir.join(STATE_FILE);
     let text = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-    let state: TrainingState = serde_json::from_slice(&text).map_err(|e| {
-        err(
-            &path,
-            format!("not a valid training state ({e}): truncated or corrupted?"),
-        )
-    })?;
+    let state: TrainingState = serde_json::from_slice(&text)
+        .map_err(|e| err(&path, format!("not a valid training state ({e}): truncated or corrupted?")))?;
     if state.format != FORMAT {
-        return Err(err(
-            &path,
-            format!(
-                "checkpoint format {} is not the supported format {FORMAT}",
-                state.format
-            ),
-        ));
+        return Err(err(&path, format!("checkpoint format {} is not the supported format {FORMAT}", state.format)));
     }
     Ok(state)
 }
@@ -427,29 +346,15 @@ pub fn load(dir: &Path, table: &ParamTable, buffer_names: &[&str]) -> Result<Che
     load_tensors(dir, read_state(dir)?, table, buffer_names)
 }
 
-fn load_tensors(
-    dir: &Path,
-    state: TrainingState,
-    table: &ParamTable,
-    buffer_names: &[&str],
-) -> Result<Checkpoint> {
+fn load_tensors(dir: &Path, state: TrainingState, table: &ParamTable, buffer_names: &[&str]) -> Result<Checkpoint> {
     let model_path = dir.join(MODEL_FILE);
     let model = read_verified(dir, &state, MODEL_FILE)?;
     let params = from_safetensors(&model_path, &model, table, &[""])?.remove(0);
     let opt_path = dir.join(OPTIMIZER_FILE);
     let opt = read_verified(dir, &state, OPTIMIZER_FILE)?;
     let values = from_safetensors(&opt_path, &opt, table, buffer_names)?;
-    let buffers = buffer_names
-        .iter()
-        .map(|n| n.to_string())
-        .zip(values)
-        .collect();
-    Ok(Checkpoint {
-        dir: dir.to_path_buf(),
-        state,
-        params,
-        buffers,
-    })
+    let buffers = buffer_names.iter().map(|n| n.to_string()).zip(values).collect();
+    Ok(Checkpoint { dir: dir.to_path_buf(), state, params, buffers })
 }
 
 /// The checkpoint `path` names: one step folder (which must be valid), or the newest valid one in a
@@ -501,21 +406,11 @@ pub fn read_weights(path: &Path, table: &ParamTable) -> Result<Vec<f32>> {
     let (path, dir) = if path.is_dir() {
         (path.join(MODEL_FILE), path.to_path_buf())
     } else {
-        (
-            path.to_path_buf(),
-            path.parent()
-                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
-        )
+        (path.to_path_buf(), path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf))
     };
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default()
-        .to_string();
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
     let bytes = match read_state(&dir) {
-        Ok(state) if state.files.iter().any(|f| f.name == name) => {
-            read_verified(&dir, &state, &name)?
-        }
+        Ok(state) if state.files.iter().any(|f| f.name == name) => read_verified(&dir, &state, &name)?,
         _ => std::fs::read(&path).map_err(|e| Error::io(&path, e))?,
     };
     Ok(from_safetensors(&path, &bytes, table, &[""])?.remove(0))
@@ -566,15 +461,14 @@ pub fn resume(
             p.epoch,
             p.batch_in_epoch
         );
-        json = serde_json::to_vec(&(&c.dir, &c.state))
-            .map_err(|e| err(c.dir.join(STATE_FILE), e.to_string()))?;
+        json = serde_json::to_vec(&(&c.dir, &c.state)).map_err(|e| err(c.dir.join(STATE_FILE), e.to_string()))?;
         Some(c)
     } else {
         None
     };
     let json = broadcast_bytes(comm, json);
-    let (dir, state): (PathBuf, TrainingState) = serde_json::from_slice(&json)
-        .map_err(|e| Error::Comm(format!("receiving the checkpoint: {e}")))?;
+    let (dir, state): (PathBuf, TrainingState) =
+        serde_json::from_slice(&json).map_err(|e| Error::Comm(format!("receiving the checkpoint: {e}")))?;
     if let Some(c) = &loaded {
         model.params.copy_from_slice(&c.params);
         for ((_, dst), (_, src)) in opt.buffers_mut().into_iter().zip(&c.buffers) {
@@ -592,30 +486,22 @@ pub fn resume(
 /// The checkpoint folder an error of [`load`] is about (the file's parent).
 fn e_dir(e: &Error) -> PathBuf {
     match e {
-        Error::Checkpoint { path, .. } | Error::Io { path, .. } => path
-            .parent()
-            .map_or_else(|| path.clone(), Path::to_path_buf),
+        Error::Checkpoint { path, .. } | Error::Io { path, .. } => {
+            path.parent().map_or_else(|| path.clone(), Path::to_path_buf)
+        }
         _ => PathBuf::new(),
     }
 }
 
 /// Refuses a checkpoint written for other data, another model, global batch or seed, or another
 /// optimizer kind: its position and state would mean something else.
-fn check_compatible(
-    dir: &Path,
-    state: &TrainingState,
-    recipe: &Recipe,
-    kind: OptimizerKind,
-) -> Result<()> {
+fn check_compatible(dir: &Path, state: &TrainingState, recipe: &Recipe, kind: OptimizerKind) -> Result<()> {
     let path = dir.join(STATE_FILE);
     let saved = Recipe::parse(&state.recipe, &path, &[])?;
     let differs = [
         ("data", saved.data != recipe.data),
         ("model", saved.model != recipe.model),
-        (
-            "train.global_batch",
-            saved.train.global_batch != recipe.train.global_batch,
-        ),
+        ("train.global_batch", saved.train.global_batch != recipe.train.global_batch),
         ("train.seed", saved.train.seed != recipe.train.seed),
         ("optimizer.kind", state.optimizer.kind != kind),
     ];
@@ -635,11 +521,7 @@ fn broadcast_bytes(comm: &dyn Communicator, bytes: Vec<u8>) -> Vec<u8> {
     let mut len = [(n & 0xF_FFFF) as f32, (n >> 20) as f32];
     comm.broadcast_into(0, &mut len);
     let n = len[0] as usize | (len[1] as usize) << 20;
-    let mut buf: Vec<f32> = if comm.rank() == 0 {
-        bytes.iter().map(|&b| b as f32).collect()
-    } else {
-        vec![0.0; n]
-    };
+    let mut buf: Vec<f32> = if comm.rank() == 0 { bytes.iter().map(|&b| b as f32).collect() } else { vec![0.0; n] };
     comm.broadcast_into(0, &mut buf);
     buf.iter().map(|&f| f as u8).collect()
 }
@@ -652,11 +534,7 @@ mod tests {
     fn fixture() -> (Recipe, ParamTable, Vec<f32>, Optimizer) {
         let recipe = crate::recipe::resolve(
             "digits-mlp",
-            &[
-                "optimizer.kind=\"adam\"".into(),
-                "optimizer.momentum=0.0".into(),
-                "optimizer.nesterov=false".into(),
-            ],
+            &["optimizer.kind=\"adam\"".into(), "optimizer.momentum=0.0".into(), "optimizer.nesterov=false".into()],
         )
         .unwrap();
         let mut table = ParamTable::default();
@@ -672,13 +550,7 @@ mod tests {
     fn write(root: &Path, step: usize) -> PathBuf {
         let (recipe, table, params, opt) = fixture();
         let balancer = Balancer::new(&BalanceConfig::default(), 64, 2).unwrap();
-        let progress = Progress {
-            step,
-            epoch: 1,
-            batch_in_epoch: 3,
-            epoch_loss: (1.5, 3),
-            evals: Vec::new(),
-        };
+        let progress = Progress { step, epoch: 1, batch_in_epoch: 3, epoch_loss: (1.5, 3), evals: Vec::new() };
         let snap = Snapshot {
             table: &table,
             params: &params,
@@ -707,31 +579,16 @@ mod tests {
         assert_eq!(c.params, params);
         assert_eq!(c.buffers[0].1, opt.buffers()[0].1);
         assert_eq!(c.buffers[1].1, opt.buffers()[1].1);
-        assert_eq!(
-            c.state.optimizer,
-            OptimizerState {
-                kind: OptimizerKind::Adam,
-                step: 1
-            }
-        );
+        assert_eq!(c.state.optimizer, OptimizerState { kind: OptimizerKind::Adam, step: 1 });
         assert_eq!(c.state.progress.batch_in_epoch, 3);
-        assert_eq!(
-            Recipe::parse(&c.state.recipe, Path::new("x"), &[]).unwrap(),
-            recipe
-        );
+        assert_eq!(Recipe::parse(&c.state.recipe, Path::new("x"), &[]).unwrap(), recipe);
         assert_eq!(read_weights(&dir.join(MODEL_FILE), &table).unwrap(), params);
         // Nothing but the step folders is left behind.
-        let names: Vec<_> = std::fs::read_dir(&root)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["step-7"]);
         // Same content, same bytes.
         let again = write(&scratch("roundtrip2"), 7);
-        assert_eq!(
-            std::fs::read(dir.join(MODEL_FILE)).unwrap(),
-            std::fs::read(again.join(MODEL_FILE)).unwrap()
-        );
+        assert_eq!(std::fs::read(dir.join(MODEL_FILE)).unwrap(), std::fs::read(again.join(MODEL_FILE)).unwrap());
     }
 
     #[test]
@@ -745,10 +602,7 @@ mod tests {
         let bytes = std::fs::read(&f).unwrap();
         std::fs::write(&f, &bytes[..bytes.len() - 5]).unwrap();
         let e = load(&newest, &table, &names).unwrap_err().to_string();
-        assert!(
-            e.contains(f.to_str().unwrap()) && e.contains("truncated"),
-            "{e}"
-        );
+        assert!(e.contains(f.to_str().unwrap()) && e.contains("truncated"), "{e}");
         let (c, skipped) = load_latest(&root, &table, &names, |_, _| Ok(())).unwrap();
         assert_eq!(c.state.progress.step, 10);
         assert_eq!(skipped.len(), 1);
@@ -757,13 +611,8 @@ mod tests {
         let k = flipped.len() - 1;
         flipped[k] ^= 1;
         std::fs::write(&f, &flipped).unwrap();
-        let e = load_latest(&newest, &table, &names, |_, _| Ok(()))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains(f.to_str().unwrap()) && e.contains("sha256"),
-            "{e}"
-        );
+        let e = load_latest(&newest, &table, &names, |_, _| Ok(())).unwrap_err().to_string();
+        assert!(e.contains(f.to_str().unwrap()) && e.contains("sha256"), "{e}");
         // A garbled state file is named too.
         std::fs::write(newest.join(STATE_FILE), "{\"format\": 1, \"progr").unwrap();
         let e = load(&newest, &table, &names).unwrap_err().to_string();
@@ -777,17 +626,13 @@ mod tests {
         let mut other = ParamTable::default();
         other.push("layers.1.weight", &[4, 3]);
         other.push("layers.1.bias", &[3]);
-        let e = read_weights(&dir.join(MODEL_FILE), &other)
-            .unwrap_err()
-            .to_string();
+        let e = read_weights(&dir.join(MODEL_FILE), &other).unwrap_err().to_string();
         assert!(e.contains("layers.1.weight") && e.contains("[4, 3]"), "{e}");
         let mut more = ParamTable::default();
         more.push("layers.1.weight", &[3, 4]);
         more.push("layers.1.bias", &[3]);
         more.push("layers.3.bias", &[2]);
-        let e = read_weights(&dir.join(MODEL_FILE), &more)
-            .unwrap_err()
-            .to_string();
+        let e = read_weights(&dir.join(MODEL_FILE), &more).unwrap_err().to_string();
         assert!(e.contains("layers.3.bias"), "{e}");
     }
 
@@ -812,11 +657,7 @@ mod tests {
                     s.spawn(move || {
                         broadcast_bytes(
                             c,
-                            if c.rank() == 0 {
-                                (0..=255u8).cycle().take(70_000).collect()
-                            } else {
-                                Vec::new()
-                            },
+                            if c.rank() == 0 { (0..=255u8).cycle().take(70_000).collect() } else { Vec::new() },
                         )
                     })
                 })

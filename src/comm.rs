@@ -71,11 +71,7 @@ impl Mpi {
             .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
         let world = universe.world();
         let local_size = world.split_shared(world.rank()).size() as usize;
-        Ok(Mpi {
-            world,
-            local_size,
-            _universe: universe,
-        })
+        Ok(Mpi { world, local_size, _universe: universe })
     }
 }
 
@@ -129,11 +125,8 @@ struct LocalShared {
 impl Local {
     /// `n` connected communicators, rank `i` at index `i`.
     pub fn group(n: usize) -> Vec<Local> {
-        let shared = Arc::new(LocalShared {
-            size: n,
-            barrier: Barrier::new(n),
-            slots: Mutex::new(vec![Vec::new(); n]),
-        });
+        let shared =
+            Arc::new(LocalShared { size: n, barrier: Barrier::new(n), slots: Mutex::new(vec![Vec::new(); n]) });
         (0..n).map(|rank| Local { rank, shared: shared.clone() }).collect()
     }
 

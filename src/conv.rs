@@ -50,13 +50,7 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// Panics if the kernel does not fit the padded input (the model builder checks first).
-    pub fn new(
-        input: [usize; 3],
-        out_channels: usize,
-        kernel: usize,
-        stride: usize,
-        padding: usize,
-    ) -> Conv2d {
+    pub fn new(input: [usize; 3], out_channels: usize, kernel: usize, stride: usize, padding: usize) -> Conv2d {
         let oh = out_len(input[1], kernel, stride, padding);
         let ow = out_len(input[2], kernel, stride, padding);
         let (Some(oh), Some(ow)) = (oh, ow) else {
@@ -155,11 +149,7 @@ impl Conv2d {
 /// The range `lo..hi` of output positions `o < n_out` whose input `o·stride + offset` is in `0..n_in`.
 fn valid(n_out: usize, stride: usize, offset: isize, n_in: usize) -> (usize, usize) {
     let s = stride as isize;
-    let lo = if offset >= 0 {
-        0
-    } else {
-        (-offset + s - 1) / s
-    };
+    let lo = if offset >= 0 { 0 } else { (-offset + s - 1) / s };
     let room = n_in as isize - offset;
     let hi = if room <= 0 { 0 } else { (room - 1) / s + 1 };
     let hi = (hi as usize).min(n_out);
@@ -175,10 +165,7 @@ impl Layer for Conv2d {
     }
     fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let [c, k] = [self.input[0], self.kernel];
-        vec![
-            ("weight".into(), vec![self.out_channels, c, k, k]),
-            ("bias".into(), vec![self.out_channels]),
-        ]
+        vec![("weight".into(), vec![self.out_channels, c, k, k]), ("bias".into(), vec![self.out_channels])]
     }
     /// PyTorch's default (kaiming-uniform with `a = √5`): weight and bias uniform in `±1/√(C·k·k)`.
     fn init(&self, p: &mut [f32], rng: &mut Rng) {
@@ -189,10 +176,7 @@ impl Layer for Conv2d {
     fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
         let (o, ckk, pix, in_len) = (self.out_channels, self.ckk(), self.pixels(), self.in_len());
         assert_eq!(p.len(), o * ckk + o, "conv2d: parameter slice");
-        assert!(
-            x.len() >= b * in_len && y.len() >= b * o * pix,
-            "conv2d: batch buffers too small"
-        );
+        assert!(x.len() >= b * in_len && y.len() >= b * o * pix, "conv2d: batch buffers too small");
         let (w, bias) = p.split_at(o * ckk);
         let tasks = b.div_ceil(SAMPLES_PER_TASK);
         grow(&mut self.cols, tasks * ckk * pix);
@@ -218,10 +202,7 @@ impl Layer for Conv2d {
         let b = io.b;
         let (o, ckk, pix, in_len) = (self.out_channels, self.ckk(), self.pixels(), self.in_len());
         assert_eq!(g.len(), o * ckk + o, "conv2d: gradient slice");
-        assert!(
-            dy.len() >= b * o * pix && io.x.len() >= b * in_len,
-            "conv2d: batch buffers too small"
-        );
+        assert!(dy.len() >= b * o * pix && io.x.len() >= b * in_len, "conv2d: batch buffers too small");
         let (dy, x, w) = (&dy[..b * o * pix], &io.x[..b * in_len], &p[..o * ckk]);
         let tasks = b.div_ceil(SAMPLES_PER_TASK);
         let part = o * ckk + o;
@@ -237,31 +218,23 @@ impl Layer for Conv2d {
         let this = &*self;
         // One task: its samples' ∂W, ∂bias partial (the columns are recomputed, which is cheaper
         // than keeping b of them), and their ∂x when asked.
-        let task = |acc: &mut [f32],
-                    dy: &[f32],
-                    x: &[f32],
-                    col: &mut [f32],
-                    dcol: &mut [f32],
-                    mut dx: Option<&mut [f32]>| {
-            let (gw, gb) = acc.split_at_mut(o * ckk);
-            gb.fill(0.0);
-            for (n, (dy, x)) in dy
-                .chunks_exact(o * pix)
-                .zip(x.chunks_exact(in_len))
-                .enumerate()
-            {
-                this.im2col(x, col);
-                let beta = if n == 0 { 0.0 } else { 1.0 };
-                gemm(Trans::N, Trans::T, o, ckk, pix, 1.0, dy, col, beta, gw);
-                for (s, row) in gb.iter_mut().zip(dy.chunks_exact(pix)) {
-                    *s += row.iter().sum::<f32>();
+        let task =
+            |acc: &mut [f32], dy: &[f32], x: &[f32], col: &mut [f32], dcol: &mut [f32], mut dx: Option<&mut [f32]>| {
+                let (gw, gb) = acc.split_at_mut(o * ckk);
+                gb.fill(0.0);
+                for (n, (dy, x)) in dy.chunks_exact(o * pix).zip(x.chunks_exact(in_len)).enumerate() {
+                    this.im2col(x, col);
+                    let beta = if n == 0 { 0.0 } else { 1.0 };
+                    gemm(Trans::N, Trans::T, o, ckk, pix, 1.0, dy, col, beta, gw);
+                    for (s, row) in gb.iter_mut().zip(dy.chunks_exact(pix)) {
+                        *s += row.iter().sum::<f32>();
+                    }
+                    if let Some(dx) = dx.as_deref_mut() {
+                        gemm(Trans::T, Trans::N, ckk, pix, o, 1.0, w, dy, 0.0, dcol);
+                        this.col2im(dcol, &mut dx[n * in_len..(n + 1) * in_len]);
+                    }
                 }
-                if let Some(dx) = dx.as_deref_mut() {
-                    gemm(Trans::T, Trans::N, ckk, pix, o, 1.0, w, dy, 0.0, dcol);
-                    this.col2im(dcol, &mut dx[n * in_len..(n + 1) * in_len]);
-                }
-            }
-        };
+            };
         let tasks_iter = partials[..tasks * part]
             .par_chunks_mut(part)
             .zip(dy.par_chunks(SAMPLES_PER_TASK * o * pix))
@@ -271,12 +244,8 @@ impl Layer for Conv2d {
             Some(dx) => tasks_iter
                 .zip(dcols.par_chunks_mut(ckk * pix))
                 .zip(dx[..b * in_len].par_chunks_mut(SAMPLES_PER_TASK * in_len))
-                .for_each(|(((((acc, dy), x), col), dcol), dx)| {
-                    task(acc, dy, x, col, dcol, Some(dx))
-                }),
-            None => {
-                tasks_iter.for_each(|(((acc, dy), x), col)| task(acc, dy, x, col, &mut [], None))
-            }
+                .for_each(|(((((acc, dy), x), col), dcol), dx)| task(acc, dy, x, col, dcol, Some(dx))),
+            None => tasks_iter.for_each(|(((acc, dy), x), col)| task(acc, dy, x, col, &mut [], None)),
         }
         // Task partials added in order: the same sum whatever the number of threads.
         g.copy_from_slice(&partials[..part]);
@@ -304,8 +273,7 @@ mod tests {
                     for ch in 0..ci {
                         for ki in 0..k {
                             for kj in 0..k {
-                                let (iy, ix) =
-                                    ((oy * s + ki) as isize - pad, (ox * s + kj) as isize - pad);
+                                let (iy, ix) = ((oy * s + ki) as isize - pad, (ox * s + kj) as isize - pad);
                                 if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                                     acc += p[((o * ci + ch) * k + ki) * k + kj]
                                         * x[(ch * h + iy as usize) * w + ix as usize];
@@ -337,22 +305,12 @@ mod tests {
             let x: Vec<f32> = (0..b * c.in_len()).map(|_| rng.uniform(1.0)).collect();
             let out_len: usize = c.out_shape().iter().product();
             let mut y = vec![f32::NAN; b * out_len];
-            let pass = Pass {
-                mode: crate::layers::Mode {
-                    train: false,
-                    seed: 0,
-                    epoch: 0,
-                },
-                sample_ids: &[0, 1, 2],
-            };
+            let pass = Pass { mode: crate::layers::Mode { train: false, seed: 0, epoch: 0 }, sample_ids: &[0, 1, 2] };
             c.forward(&p, &x, &mut y, b, &pass);
             for n in 0..b {
                 let want = naive(&c, &p, &x[n * c.in_len()..(n + 1) * c.in_len()]);
                 for (a, w) in y[n * out_len..(n + 1) * out_len].iter().zip(&want) {
-                    assert!(
-                        (a - w).abs() < 1e-5,
-                        "{input:?} k{k} s{s} p{pad}: {a} vs {w}"
-                    );
+                    assert!((a - w).abs() < 1e-5, "{input:?} k{k} s{s} p{pad}: {a} vs {w}");
                 }
             }
         }

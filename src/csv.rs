@@ -30,21 +30,11 @@ pub fn read(path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
                 .parse()
                 .ok()
                 .filter(|v: &f32| v.is_finite())
-                .ok_or_else(|| {
-                    at(format!(
-                        "column {}: `{field}` is not a finite number",
-                        col + 1
-                    ))
-                })?;
+                .ok_or_else(|| at(format!("column {}: `{field}` is not a finite number", col + 1)))?;
             x.push(v);
         }
         let label = fields[feature_count];
-        y.push(parse_label(label).map_err(|why| {
-            at(format!(
-                "column {}: label `{label}` {why}",
-                feature_count + 1
-            ))
-        })?);
+        y.push(parse_label(label).map_err(|why| at(format!("column {}: label `{label}` {why}", feature_count + 1)))?);
         Ok(())
     })?;
     Ok((x, y))
@@ -73,17 +63,10 @@ mod tests {
     fn parses_raw_and_gzip() {
         let dir = scratch("csv-ok");
         let text = "0,1.5,2\n 3 , 4 ,1.0\r\n\n";
-        for (name, bytes) in [
-            ("d.csv", text.as_bytes().to_vec()),
-            ("d.csv.gz", gzip(text.as_bytes())),
-        ] {
+        for (name, bytes) in [("d.csv", text.as_bytes().to_vec()), ("d.csv.gz", gzip(text.as_bytes()))] {
             let p = dir.join(name);
             std::fs::write(&p, bytes).unwrap();
-            assert_eq!(
-                read(&p, 2).unwrap(),
-                (vec![0.0, 1.5, 3.0, 4.0], vec![2, 1]),
-                "{name}"
-            );
+            assert_eq!(read(&p, 2).unwrap(), (vec![0.0, 1.5, 3.0, 4.0], vec![2, 1]), "{name}");
         }
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -92,44 +75,23 @@ mod tests {
     fn errors_name_the_file_and_line() {
         let dir = scratch("csv-bad");
         let cases = [
-            (
-                "columns.csv",
-                "1,2,0\n1,2\n",
-                "line 2",
-                "expected 3 columns",
-            ),
-            (
-                "nan.csv",
-                "1,2,0\n1,2,0\n1,x,0\n",
-                "line 3",
-                "`x` is not a finite number",
-            ),
+            ("columns.csv", "1,2,0\n1,2\n", "line 2", "expected 3 columns"),
+            ("nan.csv", "1,2,0\n1,2,0\n1,x,0\n", "line 3", "`x` is not a finite number"),
             ("negative.csv", "1,2,-1\n", "line 1", "negative"),
-            (
-                "fraction.csv",
-                "1,2,0\n1,2,0.5\n",
-                "line 2",
-                "not an integer",
-            ),
+            ("fraction.csv", "1,2,0\n1,2,0.5\n", "line 2", "not an integer"),
             ("word.csv", "1,2,cat\n", "line 1", "not a number"),
         ];
         for (name, text, line, what) in cases {
             let p = dir.join(name);
             std::fs::write(&p, text).unwrap();
             let m = read(&p, 2).unwrap_err().to_string();
-            assert!(
-                m.contains(name) && m.contains(line) && m.contains(what),
-                "{m}"
-            );
+            assert!(m.contains(name) && m.contains(line) && m.contains(what), "{m}");
         }
         let p = dir.join("cut.csv.gz");
         let gz = gzip("1,2,3\n".repeat(500).as_bytes());
         std::fs::write(&p, &gz[..gz.len() / 2]).unwrap();
         let m = read(&p, 2).unwrap_err().to_string();
-        assert!(
-            m.contains("cut.csv.gz") && m.contains("corrupted or truncated gzip"),
-            "{m}"
-        );
+        assert!(m.contains("cut.csv.gz") && m.contains("corrupted or truncated gzip"), "{m}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -86,12 +86,7 @@ impl Dataset {
         let mut x = vec![0.0; idx.len() * d];
         let mut y = vec![0; idx.len()];
         self.gather_into(idx, &mut x, &mut y);
-        Dataset {
-            x,
-            y,
-            sample_shape: self.sample_shape.clone(),
-            classes: self.classes,
-        }
+        Dataset { x, y, sample_shape: self.sample_shape.clone(), classes: self.classes }
     }
 }
 
@@ -152,11 +147,7 @@ impl Normalizer {
                 (mean, inv)
             }
         };
-        Normalizer {
-            scale: cfg.scale,
-            mean,
-            inv_std,
-        }
+        Normalizer { scale: cfg.scale, mean, inv_std }
     }
 
     pub fn apply(&self, data: &mut Dataset) {
@@ -187,10 +178,7 @@ pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
     if !(cfg.scale.is_finite() && cfg.scale > 0.0) {
         return Err(Error::config(
             "data.scale",
-            format!(
-                "{} must be a positive number, e.g. 255 for 8-bit images",
-                cfg.scale
-            ),
+            format!("{} must be a positive number, e.g. 255 for 8-bit images", cfg.scale),
         ));
     }
     let spec = manifest::spec(&cfg.dataset)?;
@@ -199,10 +187,7 @@ pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
     if cfg.test_fraction.is_some() && !single_file {
         return Err(Error::config(
             "data.test_fraction",
-            format!(
-                "`{}` ships its own test split; remove `test_fraction` from [data]",
-                spec.name
-            ),
+            format!("`{}` ships its own test split; remove `test_fraction` from [data]", spec.name),
         ));
     }
     let (mut train, mut test) = match spec.format {
@@ -240,32 +225,19 @@ pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
 
 /// One IDX split: images as `f32` in `0..=255` with shape `[1, rows, cols]`, checked against the labels.
 fn load_idx(spec: &DatasetSpec, data_dir: &Path, images: Role, labels: Role) -> Result<Dataset> {
-    let (ipath, lpath) = (
-        spec.path_of(images, data_dir)?,
-        spec.path_of(labels, data_dir)?,
-    );
+    let (ipath, lpath) = (spec.path_of(images, data_dir)?, spec.path_of(labels, data_dir)?);
     let (n, rows, cols, pixels) = idx::read_images(&ipath)?;
-    let y: Vec<u32> = idx::read_labels(&lpath)?
-        .into_iter()
-        .map(u32::from)
-        .collect();
+    let y: Vec<u32> = idx::read_labels(&lpath)?.into_iter().map(u32::from).collect();
     if n != y.len() {
         return Err(Error::data(
             &ipath,
-            format!(
-                "holds {n} images but {} holds {} labels; one of the two files is wrong",
-                lpath.display(),
-                y.len()
-            ),
+            format!("holds {n} images but {} holds {} labels; one of the two files is wrong", lpath.display(), y.len()),
         ));
     }
     if spec.sample_shape != [1, rows, cols] {
         return Err(Error::data(
             &ipath,
-            format!(
-                "images are {rows}x{cols} but the manifest's sample_shape is {:?}",
-                spec.sample_shape
-            ),
+            format!("images are {rows}x{cols} but the manifest's sample_shape is {:?}", spec.sample_shape),
         ));
     }
     labelled(spec, &ipath, pixels.into_iter().map(f32::from).collect(), y)
@@ -276,11 +248,7 @@ fn labelled(spec: &DatasetSpec, path: &Path, x: Vec<f32>, y: Vec<u32>) -> Result
     if y.is_empty() {
         return Err(Error::data(path, "holds no samples"));
     }
-    if let Some((i, &c)) = y
-        .iter()
-        .enumerate()
-        .find(|(_, &c)| c as usize >= spec.classes)
-    {
+    if let Some((i, &c)) = y.iter().enumerate().find(|(_, &c)| c as usize >= spec.classes) {
         return Err(Error::data(
             path,
             format!(
@@ -291,12 +259,7 @@ fn labelled(spec: &DatasetSpec, path: &Path, x: Vec<f32>, y: Vec<u32>) -> Result
             ),
         ));
     }
-    Ok(Dataset {
-        x,
-        y,
-        sample_shape: spec.sample_shape.clone(),
-        classes: spec.classes,
-    })
+    Ok(Dataset { x, y, sample_shape: spec.sample_shape.clone(), classes: spec.classes })
 }
 
 /// Splits a one-file data set: test = the first `round(n × test_fraction)` samples of the permutation
@@ -317,10 +280,7 @@ fn split_by_fraction(cfg: &DataConfig, name: &str, all: Dataset) -> Result<(Data
         ));
     }
     let perm = rng::permutation(n, &[cfg.split_seed, 0x5eed]);
-    let (mut test_idx, mut train_idx) = (
-        perm[..n_test as usize].to_vec(),
-        perm[n_test as usize..].to_vec(),
-    );
+    let (mut test_idx, mut train_idx) = (perm[..n_test as usize].to_vec(), perm[n_test as usize..].to_vec());
     test_idx.sort_unstable();
     train_idx.sort_unstable();
     Ok((all.subset(&train_idx), all.subset(&test_idx)))
@@ -331,12 +291,7 @@ mod tests {
     use super::*;
 
     fn toy() -> Dataset {
-        Dataset {
-            x: vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0],
-            y: vec![0, 1, 0],
-            sample_shape: vec![2],
-            classes: 2,
-        }
+        Dataset { x: vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0], y: vec![0, 1, 0], sample_shape: vec![2], classes: 2 }
     }
 
     #[test]
@@ -409,18 +364,10 @@ mod load_tests {
 
     #[test]
     fn fraction_is_required_and_bounded() {
-        let m = split_by_fraction(&cfg(None), "digits", numbered(10))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            m.contains("data.test_fraction") && m.contains("test_fraction = 0.2"),
-            "{m}"
-        );
+        let m = split_by_fraction(&cfg(None), "digits", numbered(10)).unwrap_err().to_string();
+        assert!(m.contains("data.test_fraction") && m.contains("test_fraction = 0.2"), "{m}");
         for bad in [0.0, 1.0, 0.01, f32::NAN] {
-            assert!(
-                split_by_fraction(&cfg(Some(bad)), "toy", numbered(10)).is_err(),
-                "{bad}"
-            );
+            assert!(split_by_fraction(&cfg(Some(bad)), "toy", numbered(10)).is_err(), "{bad}");
         }
     }
 
@@ -429,10 +376,7 @@ mod load_tests {
         let dir = std::env::temp_dir().join(format!("lbbsp-load-idx-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let header = |magic: u32, dims: &[u32]| -> Vec<u8> {
-            std::iter::once(magic)
-                .chain(dims.iter().copied())
-                .flat_map(u32::to_be_bytes)
-                .collect()
+            std::iter::once(magic).chain(dims.iter().copied()).flat_map(u32::to_be_bytes).collect()
         };
         let mut images = header(idx::IMAGES_MAGIC, &[3, 2, 2]);
         images.extend([0u8; 12]);
@@ -441,25 +385,17 @@ mod load_tests {
         std::fs::write(dir.join("im"), images).unwrap();
         std::fs::write(dir.join("lb"), labels).unwrap();
         let mut toml = "[t]\nformat = \"idx\"\nclasses = 2\nsample_shape = [1, 2, 2]\n".to_string();
-        for (role, path) in [
-            ("train-images", "im"),
-            ("train-labels", "lb"),
-            ("test-images", "im"),
-            ("test-labels", "lb"),
-        ] {
-            toml += &format!("[[t.files]]\nrole = \"{role}\"\npath = \"{path}\"\nbytes = 0\nsha256 = \"{}\"\nurls = []\n", "0".repeat(64));
+        for (role, path) in
+            [("train-images", "im"), ("train-labels", "lb"), ("test-images", "im"), ("test-labels", "lb")]
+        {
+            toml += &format!(
+                "[[t.files]]\nrole = \"{role}\"\npath = \"{path}\"\nbytes = 0\nsha256 = \"{}\"\nurls = []\n",
+                "0".repeat(64)
+            );
         }
         let spec = manifest::parse(&toml).unwrap().remove("t").unwrap();
-        let m = load_idx(&spec, &dir, Role::TrainImages, Role::TrainLabels)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            m.contains("im")
-                && m.contains("lb")
-                && m.contains("3 images")
-                && m.contains("2 labels"),
-            "{m}"
-        );
+        let m = load_idx(&spec, &dir, Role::TrainImages, Role::TrainLabels).unwrap_err().to_string();
+        assert!(m.contains("im") && m.contains("lb") && m.contains("3 images") && m.contains("2 labels"), "{m}");
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -470,9 +406,6 @@ mod load_tests {
         let m = load(&c, Path::new("/nonexistent")).unwrap_err().to_string();
         assert!(m.contains("data.dataset") && m.contains("digits"), "{m}");
         c.scale = 0.0;
-        assert!(load(&c, Path::new("/nonexistent"))
-            .unwrap_err()
-            .to_string()
-            .contains("data.scale"));
+        assert!(load(&c, Path::new("/nonexistent")).unwrap_err().to_string().contains("data.scale"));
     }
 }

@@ -35,13 +35,7 @@ pub struct Dropout {
 impl Dropout {
     pub fn new(p: f32, shape: Vec<usize>, layer_key: u64) -> Dropout {
         assert!((0.0..1.0).contains(&p), "dropout: p = {p} is not in [0, 1)");
-        Dropout {
-            p,
-            shape,
-            layer_key,
-            mask: Vec::new(),
-            masked: false,
-        }
+        Dropout { p, shape, layer_key, mask: Vec::new(), masked: false }
     }
     fn features(&self) -> usize {
         self.shape.iter().product()
@@ -58,10 +52,7 @@ impl Layer for Dropout {
     /// `x: B×D → y: B×D`.
     fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass) {
         let d = self.features();
-        assert!(
-            x.len() >= b * d && y.len() >= b * d,
-            "dropout: batch buffers too small"
-        );
+        assert!(x.len() >= b * d && y.len() >= b * d, "dropout: batch buffers too small");
         assert_eq!(pass.sample_ids.len(), b, "dropout: one sample id per row");
         self.masked = pass.mode.train && self.p > 0.0;
         if !self.masked {
@@ -93,11 +84,7 @@ impl Layer for Dropout {
             dx[..n].copy_from_slice(&dy[..n]);
             return;
         }
-        dx[..n]
-            .par_iter_mut()
-            .zip(&dy[..n])
-            .zip(&self.mask[..n])
-            .for_each(|((dx, &dy), &m)| *dx = dy * m);
+        dx[..n].par_iter_mut().zip(&dy[..n]).zip(&self.mask[..n]).for_each(|((dx, &dy), &m)| *dx = dy * m);
     }
 }
 
@@ -109,21 +96,8 @@ mod tests {
     fn run(d: &mut Dropout, ids: &[usize], train: bool) -> Vec<f32> {
         let x = vec![1.0; ids.len() * 1000];
         let mut y = vec![0.0; x.len()];
-        let mode = Mode {
-            train,
-            seed: 3,
-            epoch: 1,
-        };
-        d.forward(
-            &[],
-            &x,
-            &mut y,
-            ids.len(),
-            &Pass {
-                mode,
-                sample_ids: ids,
-            },
-        );
+        let mode = Mode { train, seed: 3, epoch: 1 };
+        d.forward(&[], &x, &mut y, ids.len(), &Pass { mode, sample_ids: ids });
         y
     }
 

@@ -15,12 +15,7 @@ pub enum Error {
     #[error("{path}: {msg}")]
     Data { path: PathBuf, msg: String },
     #[error("{path}: checksum mismatch (sha256 {actual}, expected {expected}); the file is corrupt or a different version: delete it and run `lbbsp data fetch {dataset}`")]
-    Checksum {
-        path: PathBuf,
-        dataset: String,
-        expected: String,
-        actual: String,
-    },
+    Checksum { path: PathBuf, dataset: String, expected: String, actual: String },
     #[error("missing data file {path}: run `lbbsp data fetch {dataset}` (with internet), or `lbbsp data fetch {dataset} --mirror DIR` from a local copy, or point --data-dir / LBBSP_DATA at a folder that holds it")]
     MissingData { path: PathBuf, dataset: String },
     #[error("could not download {dataset}: {msg}")]
@@ -42,22 +37,13 @@ pub enum Error {
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
     pub fn data(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::Data {
-            path: path.into(),
-            msg: msg.into(),
-        }
+        Error::Data { path: path.into(), msg: msg.into() }
     }
     pub fn config(field: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Config {
-            field: field.into(),
-            msg: msg.into(),
-        }
+        Error::Config { field: field.into(), msg: msg.into() }
     }
 }
 

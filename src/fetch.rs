@@ -62,19 +62,12 @@ pub fn fetch(name: &str, data_dir: &Path, mirror: Option<&Path>) -> Result<Fetch
 }
 
 /// [`fetch`] for a data set description that need not come from the embedded manifest.
-pub fn fetch_spec(
-    spec: &DatasetSpec,
-    data_dir: &Path,
-    mirror: Option<&Path>,
-) -> Result<FetchReport> {
+pub fn fetch_spec(spec: &DatasetSpec, data_dir: &Path, mirror: Option<&Path>) -> Result<FetchReport> {
     let mut files = Vec::with_capacity(spec.files.len());
     for file in &spec.files {
         let dest = data_dir.join(&file.path);
         if dest.is_file() && manifest::sha256_file(&dest)? == file.sha256 {
-            files.push(FetchedFile {
-                path: dest,
-                action: FetchAction::Skipped,
-            });
+            files.push(FetchedFile { path: dest, action: FetchAction::Skipped });
             continue;
         }
         let dir = dest.parent().unwrap_or(data_dir);
@@ -87,10 +80,7 @@ pub fn fetch_spec(
         tmp.persist(&dest)?;
         files.push(FetchedFile { path: dest, action });
     }
-    Ok(FetchReport {
-        dataset: spec.name.clone(),
-        files,
-    })
+    Ok(FetchReport { dataset: spec.name.clone(), files })
 }
 
 /// What to do when no source delivered a file.
@@ -102,16 +92,8 @@ fn advice(name: &str) -> String {
     )
 }
 
-fn copy_from_mirror(
-    spec: &DatasetSpec,
-    file: &FileSpec,
-    mirror: &Path,
-    tmp: &Path,
-) -> Result<FetchAction> {
-    let fail = |msg: String| Error::Fetch {
-        dataset: spec.name.clone(),
-        msg,
-    };
+fn copy_from_mirror(spec: &DatasetSpec, file: &FileSpec, mirror: &Path, tmp: &Path) -> Result<FetchAction> {
+    let fail = |msg: String| Error::Fetch { dataset: spec.name.clone(), msg };
     let src = mirror.join(&file.path);
     if !src.is_file() {
         return Err(fail(format!(
@@ -146,10 +128,7 @@ fn download(spec: &DatasetSpec, file: &FileSpec, tmp: &Path) -> Result<FetchActi
                 if actual == file.sha256 {
                     return Ok(FetchAction::Downloaded { url: url.clone() });
                 }
-                tried.push(format!(
-                    "{url}: {tool} got a file with sha256 {actual}, expected {}",
-                    file.sha256
-                ));
+                tried.push(format!("{url}: {tool} got a file with sha256 {actual}, expected {}", file.sha256));
             }
             Err(why) => tried.push(format!("{url}: {why}")),
         }
@@ -159,74 +138,38 @@ fn download(spec: &DatasetSpec, file: &FileSpec, tmp: &Path) -> Result<FetchActi
     }
     Err(Error::Fetch {
         dataset: spec.name.clone(),
-        msg: format!(
-            "no source delivered {}; tried:\n  {}\n{}",
-            file.path,
-            tried.join("\n  "),
-            advice(&spec.name)
-        ),
+        msg: format!("no source delivered {}; tried:\n  {}\n{}", file.path, tried.join("\n  "), advice(&spec.name)),
     })
 }
 
 /// Downloads `url` to `out` with curl, or wget when curl is not installed; returns the tool used.
 fn run_downloader(url: &str, out: &Path) -> std::result::Result<&'static str, String> {
     let mut curl = Command::new("curl");
-    curl.args([
-        "--fail",
-        "--silent",
-        "--show-error",
-        "--location",
-        "--connect-timeout",
-        "20",
-    ])
-    .args([
-        "--retry",
-        "2",
-        "--speed-limit",
-        "1024",
-        "--speed-time",
-        "60",
-        "--output",
-    ])
-    .arg(out)
-    .arg(url);
+    curl.args(["--fail", "--silent", "--show-error", "--location", "--connect-timeout", "20"])
+        .args(["--retry", "2", "--speed-limit", "1024", "--speed-time", "60", "--output"])
+        .arg(out)
+        .arg(url);
     match run(curl, "curl") {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         other => return other.map(|()| "curl").map_err(|e| e.to_string()),
     }
     let mut wget = Command::new("wget");
-    wget.args(["--quiet", "--timeout=20", "--tries=2", "-O"])
-        .arg(out)
-        .arg(url);
+    wget.args(["--quiet", "--timeout=20", "--tries=2", "-O"]).arg(out).arg(url);
     match run(wget, "wget") {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            Err("neither curl nor wget is installed".into())
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err("neither curl nor wget is installed".into()),
         other => other.map(|()| "wget").map_err(|e| e.to_string()),
     }
 }
 
 /// Runs a download tool; a non-zero exit becomes an error carrying the tool's last stderr line.
 fn run(mut cmd: Command, tool: &str) -> io::Result<()> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()?;
+    let out = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output()?;
     if out.status.success() {
         return Ok(());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("no message");
-    Err(io::Error::other(format!(
-        "{tool} failed ({}): {}",
-        out.status,
-        last.trim()
-    )))
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+    Err(io::Error::other(format!("{tool} failed ({}): {}", out.status, last.trim())))
 }
 
 /// A temporary file next to its destination, removed on drop unless renamed into place.
@@ -236,13 +179,8 @@ struct TempFile {
 
 impl TempFile {
     fn new(dest: &Path) -> TempFile {
-        let name = dest
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        TempFile {
-            path: dest.with_file_name(format!(".{name}.part-{}", std::process::id())),
-        }
+        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        TempFile { path: dest.with_file_name(format!(".{name}.part-{}", std::process::id())) }
     }
 
     /// Atomically renames the file to `dest`.
@@ -277,22 +215,12 @@ mod tests {
         let (mirror, data) = (root.join("mirror"), root.join("data"));
         std::fs::create_dir_all(mirror.join("toy")).unwrap();
         std::fs::write(mirror.join("toy/toy.csv"), "1,0\n2,1\n").unwrap();
-        let spec = toy_spec(
-            &manifest::sha256_file(&mirror.join("toy/toy.csv")).unwrap(),
-            "",
-        );
+        let spec = toy_spec(&manifest::sha256_file(&mirror.join("toy/toy.csv")).unwrap(), "");
         let first = fetch_spec(&spec, &data, Some(&mirror)).unwrap();
-        assert!(
-            matches!(first.files[0].action, FetchAction::Copied { .. }),
-            "{first}"
-        );
+        assert!(matches!(first.files[0].action, FetchAction::Copied { .. }), "{first}");
         let again = fetch_spec(&spec, &data, Some(&mirror)).unwrap();
         assert_eq!(again.files[0].action, FetchAction::Skipped);
-        assert_eq!(
-            std::fs::read_dir(data.join("toy")).unwrap().count(),
-            1,
-            "no temporary left"
-        );
+        assert_eq!(std::fs::read_dir(data.join("toy")).unwrap().count(), 1, "no temporary left");
         std::fs::remove_dir_all(&root).ok();
     }
 
@@ -303,22 +231,11 @@ mod tests {
         std::fs::create_dir_all(mirror.join("toy")).unwrap();
         std::fs::write(mirror.join("toy/toy.csv"), "1,0\n2,1\n").unwrap();
         let spec = toy_spec(&"0".repeat(64), "\"http://127.0.0.1:9/toy.csv\"");
-        let m = fetch_spec(&spec, &data, Some(&mirror))
-            .unwrap_err()
-            .to_string();
+        let m = fetch_spec(&spec, &data, Some(&mirror)).unwrap_err().to_string();
         assert!(m.contains("toy.csv") && m.contains("corrupt"), "{m}");
         let m = fetch_spec(&spec, &data, None).unwrap_err().to_string();
-        assert!(
-            m.contains("http://127.0.0.1:9/toy.csv")
-                && m.contains("no internet")
-                && m.contains("--mirror"),
-            "{m}"
-        );
-        assert_eq!(
-            std::fs::read_dir(data.join("toy")).unwrap().count(),
-            0,
-            "nothing left behind"
-        );
+        assert!(m.contains("http://127.0.0.1:9/toy.csv") && m.contains("no internet") && m.contains("--mirror"), "{m}");
+        assert_eq!(std::fs::read_dir(data.join("toy")).unwrap().count(), 0, "nothing left behind");
         std::fs::remove_dir_all(&root).ok();
     }
 }

@@ -17,7 +17,18 @@ pub enum Trans {
 ///
 /// With `beta == 0`, `C` is overwritten (its old contents, even NaN, are ignored).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(ta: Trans, tb: Trans, m: usize, n: usize, k: usize, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+pub fn gemm(
+    ta: Trans,
+    tb: Trans,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
     assert_eq!(a.len(), m * k, "gemm: A has {} elements, expected {m}×{k}", a.len());
     assert_eq!(b.len(), k * n, "gemm: B has {} elements, expected {k}×{n}", b.len());
     assert_eq!(c.len(), m * n, "gemm: C has {} elements, expected {m}×{n}", c.len());

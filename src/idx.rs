@@ -68,11 +68,8 @@ pub fn open(path: &Path) -> Result<Input> {
     let mut raw = BufReader::with_capacity(1 << 20, file);
     let head = raw.fill_buf().map_err(|e| Error::io(path, e))?;
     let gzip = head.starts_with(&[0x1f, 0x8b]) || path.extension().is_some_and(|e| e == "gz");
-    let reader: Box<dyn BufRead> = if gzip {
-        Box::new(BufReader::with_capacity(1 << 20, GzDecoder::new(raw)))
-    } else {
-        Box::new(raw)
-    };
+    let reader: Box<dyn BufRead> =
+        if gzip { Box::new(BufReader::with_capacity(1 << 20, GzDecoder::new(raw))) } else { Box::new(raw) };
     Ok(Input { reader, gzip })
 }
 
@@ -88,32 +85,14 @@ fn read_all(path: &Path) -> Result<Vec<u8>> {
 
 /// Checks the header of an IDX array of `u8` with `ndims` dimensions and returns the dimensions.
 fn header(path: &Path, data: &[u8], magic: u32, ndims: usize) -> Result<Vec<usize>> {
-    let kind = if magic == IMAGES_MAGIC {
-        "images"
-    } else {
-        "labels"
-    };
+    let kind = if magic == IMAGES_MAGIC { "images" } else { "labels" };
     let hlen = 4 + 4 * ndims;
-    let too_short = || {
-        Error::data(
-            path,
-            format!(
-                "{} bytes is too short for an IDX {kind} header ({hlen} bytes)",
-                data.len()
-            ),
-        )
-    };
+    let too_short =
+        || Error::data(path, format!("{} bytes is too short for an IDX {kind} header ({hlen} bytes)", data.len()));
     if data.len() < 4 {
         return Err(too_short());
     }
-    let word = |i: usize| {
-        u32::from_be_bytes([
-            data[4 * i],
-            data[4 * i + 1],
-            data[4 * i + 2],
-            data[4 * i + 3],
-        ])
-    };
+    let word = |i: usize| u32::from_be_bytes([data[4 * i], data[4 * i + 1], data[4 * i + 2], data[4 * i + 3]]);
     let found = word(0);
     if found != magic {
         let hint = match found {
@@ -123,7 +102,9 @@ fn header(path: &Path, data: &[u8], magic: u32, ndims: usize) -> Result<Vec<usiz
         };
         return Err(Error::data(
             path,
-            format!("wrong IDX magic number {found} (0x{found:08x}){hint}; expected {magic} (0x{magic:08x}) for IDX {kind}"),
+            format!(
+                "wrong IDX magic number {found} (0x{found:08x}){hint}; expected {magic} (0x{magic:08x}) for IDX {kind}"
+            ),
         ));
     }
     if data.len() < hlen {
@@ -131,19 +112,12 @@ fn header(path: &Path, data: &[u8], magic: u32, ndims: usize) -> Result<Vec<usiz
     }
     let dims: Vec<usize> = (1..=ndims).map(|i| word(i) as usize).collect();
     if dims.contains(&0) {
-        return Err(Error::data(
-            path,
-            format!("IDX {kind} header has a zero dimension: {dims:?}"),
-        ));
+        return Err(Error::data(path, format!("IDX {kind} header has a zero dimension: {dims:?}")));
     }
     let body = data.len() - hlen;
     let expected = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     if expected != Some(body) {
-        let shape = dims
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join("x");
+        let shape = dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
         return Err(Error::data(
             path,
             format!(
@@ -215,17 +189,9 @@ pub(crate) mod tests {
         // gzip detected by magic even without the .gz suffix
         std::fs::write(dir.join("im-gz-noext"), gzip(&images)).unwrap();
         for name in ["im.idx", "im.idx.gz", "im-gz-noext"] {
-            assert_eq!(
-                read_images(&dir.join(name)).unwrap(),
-                (2, 2, 3, px.clone()),
-                "{name}"
-            );
+            assert_eq!(read_images(&dir.join(name)).unwrap(), (2, 2, 3, px.clone()), "{name}");
         }
-        std::fs::write(
-            dir.join("lb.gz"),
-            gzip(&idx(LABELS_MAGIC, &[3], &[7, 0, 9])),
-        )
-        .unwrap();
+        std::fs::write(dir.join("lb.gz"), gzip(&idx(LABELS_MAGIC, &[3], &[7, 0, 9]))).unwrap();
         assert_eq!(read_labels(&dir.join("lb.gz")).unwrap(), vec![7, 0, 9]);
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -238,36 +204,24 @@ pub(crate) mod tests {
         let p = dir.join("trunc-images.gz");
         std::fs::write(&p, &gz[..gz.len() / 2]).unwrap();
         let m = err(read_images(&p));
-        assert!(
-            m.contains("trunc-images.gz") && m.contains("corrupted or truncated gzip"),
-            "{m}"
-        );
+        assert!(m.contains("trunc-images.gz") && m.contains("corrupted or truncated gzip"), "{m}");
 
         let p = dir.join("labels-as-images");
         std::fs::write(&p, idx(LABELS_MAGIC, &[3], &[1, 2, 3])).unwrap();
         let m = err(read_images(&p));
-        assert!(
-            m.contains("labels-as-images") && m.contains("2049") && m.contains("expected 2051"),
-            "{m}"
-        );
+        assert!(m.contains("labels-as-images") && m.contains("2049") && m.contains("expected 2051"), "{m}");
         let m = err(read_labels(&dir.join("trunc-images.gz")));
         assert!(m.contains("trunc-images.gz"), "{m}");
 
         let p = dir.join("short-body");
         std::fs::write(&p, idx(IMAGES_MAGIC, &[4, 5, 5], &[1; 99])).unwrap();
         let m = err(read_images(&p));
-        assert!(
-            m.contains("short-body") && m.contains("100") && m.contains("99"),
-            "{m}"
-        );
+        assert!(m.contains("short-body") && m.contains("100") && m.contains("99"), "{m}");
 
         let p = dir.join("long-labels");
         std::fs::write(&p, idx(LABELS_MAGIC, &[2], &[1, 2, 3])).unwrap();
         let m = err(read_labels(&p));
-        assert!(
-            m.contains("long-labels") && m.contains("says 2") && m.contains("holds 3"),
-            "{m}"
-        );
+        assert!(m.contains("long-labels") && m.contains("says 2") && m.contains("holds 3"), "{m}");
 
         let p = dir.join("zero-dim");
         std::fs::write(&p, idx(IMAGES_MAGIC, &[0, 5, 5], &[])).unwrap();

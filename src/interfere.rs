@@ -69,11 +69,7 @@ pub enum Pattern {
     /// Piecewise constant: from `points[k].0` seconds on, the load is `points[k].1`; 0 before the
     /// first time stamp. Times strictly increase. With `looped`, time wraps at the last time stamp
     /// (so that line only marks the period's end); without, the last load holds forever.
-    Trace {
-        path: PathBuf,
-        points: Vec<(f64, f64)>,
-        looped: bool,
-    },
+    Trace { path: PathBuf, points: Vec<(f64, f64)>, looped: bool },
 }
 
 impl Pattern {
@@ -91,16 +87,13 @@ impl Pattern {
                 Ok(Pattern::Square { load, on_s, off_s })
             }
             PatternKind::Trace => {
-                let path = args.trace.clone().ok_or_else(|| {
-                    Error::config("--trace", "the trace pattern needs --trace FILE")
-                })?;
+                let path = args
+                    .trace
+                    .clone()
+                    .ok_or_else(|| Error::config("--trace", "the trace pattern needs --trace FILE"))?;
                 let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
                 let points = parse_trace(&path, &text)?;
-                Ok(Pattern::Trace {
-                    path,
-                    points,
-                    looped: args.loop_trace,
-                })
+                Ok(Pattern::Trace { path, points, looped: args.loop_trace })
             }
         }
     }
@@ -111,28 +104,12 @@ impl fmt::Display for Pattern {
         match self {
             Pattern::Constant { load } => write!(f, "constant load {load:.2}"),
             Pattern::Square { load, on_s, off_s } => {
-                write!(
-                    f,
-                    "square wave: load {load:.2} for {on_s} s, idle {off_s} s"
-                )
+                write!(f, "square wave: load {load:.2} for {on_s} s, idle {off_s} s")
             }
-            Pattern::Trace {
-                path,
-                points,
-                looped,
-            } => {
+            Pattern::Trace { path, points, looped } => {
                 let end = points.last().map_or(0.0, |p| p.0);
-                let then = if *looped {
-                    "looped"
-                } else {
-                    "then holding the last load"
-                };
-                write!(
-                    f,
-                    "trace {} ({} steps over {end} s, {then})",
-                    path.display(),
-                    points.len()
-                )
+                let then = if *looped { "looped" } else { "then holding the last load" };
+                write!(f, "trace {} ({} steps over {end} s, {then})", path.display(), points.len())
             }
         }
     }
@@ -151,11 +128,7 @@ pub fn load_at(pattern: &Pattern, t: f64) -> f64 {
         }
         Pattern::Trace { points, looped, .. } => {
             let period = points.last().map_or(0.0, |p| p.0);
-            let t = if *looped && period > 0.0 {
-                t.rem_euclid(period)
-            } else {
-                t
-            };
+            let t = if *looped && period > 0.0 { t.rem_euclid(period) } else { t };
             // Index of the first point strictly after t; the one before it is in force.
             let k = points.partition_point(|p| p.0 <= t);
             if k == 0 {
@@ -181,25 +154,17 @@ pub fn parse_trace(path: &Path, text: &str) -> Result<Vec<(f64, f64)>> {
         let [t, load] = fields[..] else {
             return Err(bad(format!("expected `time_s load`, found `{line}`")));
         };
-        let t: f64 = t
-            .parse()
-            .map_err(|_| bad(format!("time `{t}` is not a number")))?;
-        let load: f64 = load
-            .parse()
-            .map_err(|_| bad(format!("load `{load}` is not a number")))?;
+        let t: f64 = t.parse().map_err(|_| bad(format!("time `{t}` is not a number")))?;
+        let load: f64 = load.parse().map_err(|_| bad(format!("load `{load}` is not a number")))?;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(bad(format!(
-                "time {t} must be a finite number of seconds ≥ 0"
-            )));
+            return Err(bad(format!("time {t} must be a finite number of seconds ≥ 0")));
         }
         if !(0.0..=1.0).contains(&load) {
             return Err(bad(format!("load {load} is outside [0, 1]")));
         }
         if let Some(&(prev, _)) = points.last() {
             if t <= prev {
-                return Err(bad(format!(
-                    "time {t} does not come after the previous line's {prev}"
-                )));
+                return Err(bad(format!("time {t} does not come after the previous line's {prev}")));
             }
         }
         points.push((t, load));
@@ -228,9 +193,7 @@ pub fn parse_cores(list: &str, n_cpus: usize) -> Result<Vec<usize>> {
     }
     if let Some(&c) = cores.iter().find(|&&c| c >= n_cpus) {
         let last = n_cpus - 1;
-        return Err(bad(format!(
-            "core {c} does not exist: this machine has cores 0-{last}"
-        )));
+        return Err(bad(format!("core {c} does not exist: this machine has cores 0-{last}")));
     }
     Ok(cores)
 }
@@ -246,28 +209,18 @@ pub fn run(args: &InterfereArgs) -> Result<()> {
         return Err(Error::config("--threads-per-core", "must be at least 1"));
     }
     let duration = match args.duration {
-        Some(d) => Some(Duration::from_secs_f64(positive_seconds(
-            "--duration",
-            Some(d),
-        )?)),
+        Some(d) => Some(Duration::from_secs_f64(positive_seconds("--duration", Some(d))?)),
         None => None,
     };
     let n_threads = cores.len() * args.threads_per_core;
-    let until = duration.map_or("until killed".into(), |d| {
-        format!("for {} s", d.as_secs_f64())
-    });
-    eprintln!(
-        "lbbsp interfere: {n_threads} burner thread(s) on core(s) {cores:?}, {pattern}, {until}"
-    );
+    let until = duration.map_or("until killed".into(), |d| format!("for {} s", d.as_secs_f64()));
+    eprintln!("lbbsp interfere: {n_threads} burner thread(s) on core(s) {cores:?}, {pattern}, {until}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let (pinned_tx, pinned_rx) = mpsc::channel();
     let start = Instant::now();
     let mut handles = Vec::new();
-    for &core in cores
-        .iter()
-        .flat_map(|c| std::iter::repeat_n(c, args.threads_per_core))
-    {
+    for &core in cores.iter().flat_map(|c| std::iter::repeat_n(c, args.threads_per_core)) {
         let (pattern, stop, pinned_tx) = (pattern.clone(), stop.clone(), pinned_tx.clone());
         handles.push(std::thread::spawn(move || {
             let pinned = pin_to_core(core);
@@ -335,10 +288,7 @@ fn pin_to_core(core: usize) -> Result<()> {
     };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(Error::config(
-            "--cores",
-            format!("cannot pin to core {core}: {e}"),
-        ));
+        return Err(Error::config("--cores", format!("cannot pin to core {core}: {e}")));
     }
     Ok(())
 }
@@ -367,14 +317,8 @@ fn default_cores() -> Vec<usize> {
 fn positive_seconds(field: &str, value: Option<f64>) -> Result<f64> {
     match value {
         Some(s) if s.is_finite() && s > 0.0 => Ok(s),
-        Some(s) => Err(Error::config(
-            field,
-            format!("{s} is not a positive number of seconds"),
-        )),
-        None => Err(Error::config(
-            field,
-            "the square pattern needs --on and --off SECONDS",
-        )),
+        Some(s) => Err(Error::config(field, format!("{s} is not a positive number of seconds"))),
+        None => Err(Error::config(field, "the square pattern needs --on and --off SECONDS")),
     }
 }
 
@@ -419,11 +363,7 @@ mod tests {
         let points = parse_trace(Path::new("t.txt"), text).unwrap();
         assert_eq!(points, vec![(1.0, 0.5), (2.5, 1.0), (4.0, 0.0)]);
         let (path, looped) = ("t.txt".into(), false);
-        let mut p = Pattern::Trace {
-            path,
-            points,
-            looped,
-        };
+        let mut p = Pattern::Trace { path, points, looped };
         let at = |p: &Pattern| [0.5, 1.0, 2.4, 2.5, 3.9, 4.0, 100.0, 5.0].map(|t| load_at(p, t));
         assert_eq!(at(&p), [0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0]);
         if let Pattern::Trace { looped, .. } = &mut p {
@@ -475,10 +415,7 @@ mod tests {
         ] {
             assert_eq!(field(Pattern::from_args(&args(argv))), name, "{argv}");
         }
-        assert_eq!(
-            field(run(&args("--threads-per-core 0 --cores 0"))),
-            "--threads-per-core"
-        );
+        assert_eq!(field(run(&args("--threads-per-core 0 --cores 0"))), "--threads-per-core");
         assert_eq!(field(run(&args("--duration=-1 --cores 0"))), "--duration");
         assert_eq!(field(run(&args("--cores 0,99999"))), "--cores");
     }
@@ -487,13 +424,9 @@ mod tests {
     fn core_lists() {
         assert_eq!(parse_cores("0-1,3", 4).unwrap(), vec![0, 1, 3]);
         assert_eq!(parse_cores("1, 1,0", 2).unwrap(), vec![0, 1]);
-        for (list, what) in [
-            ("", "empty"),
-            (" , ", "empty"),
-            ("x", "`x`"),
-            ("3-1", "`3-1`"),
-            ("0,2", "core 2 does not exist"),
-        ] {
+        for (list, what) in
+            [("", "empty"), (" , ", "empty"), ("x", "`x`"), ("3-1", "`3-1`"), ("0,2", "core 2 does not exist")]
+        {
             let e = parse_cores(list, 2);
             assert!(format!("{e:?}").contains(what), "{list:?}: {e:?}");
             assert_eq!(field(e), "--cores");
@@ -504,10 +437,7 @@ mod tests {
     fn short_run_burns_then_returns() {
         let (t, cpu0) = (Instant::now(), crate::profile::process_cpu_s());
         run(&args("--cores 0 --load 0.5 --duration 0.2")).unwrap();
-        let (wall, cpu) = (
-            t.elapsed().as_secs_f64(),
-            crate::profile::process_cpu_s() - cpu0,
-        );
+        let (wall, cpu) = (t.elapsed().as_secs_f64(), crate::profile::process_cpu_s() - cpu0);
         assert!((0.2..1.0).contains(&wall), "wall {wall}");
         // Half of 0.2 s, give or take scheduling; other tests may add a little CPU of their own.
         assert!(cpu > 0.05, "cpu {cpu}");

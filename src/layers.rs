@@ -199,12 +199,14 @@ impl Layer for Silu {
         if let Some(dx) = dx {
             let n = io.b * self.shape.iter().product::<usize>();
             let c = ELEMENTWISE_CHUNK;
-            dx[..n].par_chunks_mut(c).zip(dy[..n].par_chunks(c)).zip(io.x[..n].par_chunks(c)).for_each(|((dx, dy), x)| {
-                for ((dx, &dy), &x) in dx.iter_mut().zip(dy).zip(x) {
-                    let s = sigmoid(x);
-                    *dx = dy * s * (1.0 + x * (1.0 - s));
-                }
-            });
+            dx[..n].par_chunks_mut(c).zip(dy[..n].par_chunks(c)).zip(io.x[..n].par_chunks(c)).for_each(
+                |((dx, dy), x)| {
+                    for ((dx, &dy), &x) in dx.iter_mut().zip(dy).zip(x) {
+                        let s = sigmoid(x);
+                        *dx = dy * s * (1.0 + x * (1.0 - s));
+                    }
+                },
+            );
         }
     }
 }

@@ -13,11 +13,7 @@ use crate::idx;
 
 /// Reads `path` (raw or gzip) into `n × features` dense features and `n` class labels, mapping
 /// label tokens through `label_map` (exact text first, then numeric value, so `1` finds `"+1"`).
-pub fn read(
-    path: &Path,
-    features: usize,
-    label_map: &BTreeMap<String, u32>,
-) -> Result<(Vec<f32>, Vec<u32>)> {
+pub fn read(path: &Path, features: usize, label_map: &BTreeMap<String, u32>) -> Result<(Vec<f32>, Vec<u32>)> {
     let mut input = idx::open(path)?;
     let (mut x, mut y) = (Vec::new(), Vec::new());
     input.for_each_line(path, |text, at| {
@@ -28,10 +24,7 @@ pub fn read(
         };
         let class = lookup(label, label_map).ok_or_else(|| {
             let known: Vec<&str> = label_map.keys().map(String::as_str).collect();
-            at(format!(
-                "unknown label `{label}`; the manifest's `labels` knows {}",
-                known.join(", ")
-            ))
+            at(format!("unknown label `{label}`; the manifest's `labels` knows {}", known.join(", ")))
         })?;
         let row = x.len();
         x.resize(row + features, 0.0);
@@ -42,15 +35,9 @@ pub fn read(
                 continue;
             }
             let i: usize = i.parse().map_err(|_| malformed())?;
-            let v: f32 = v
-                .parse()
-                .ok()
-                .filter(|v: &f32| v.is_finite())
-                .ok_or_else(malformed)?;
+            let v: f32 = v.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(malformed)?;
             if i == 0 {
-                return Err(at(format!(
-                    "feature index 0 in `{tok}`; indices are 1-based"
-                )));
+                return Err(at(format!("feature index 0 in `{tok}`; indices are 1-based")));
             }
             if i > features {
                 return Err(at(format!(
@@ -72,10 +59,7 @@ fn lookup(token: &str, label_map: &BTreeMap<String, u32>) -> Option<u32> {
         return Some(c);
     }
     let value: f64 = token.parse().ok()?;
-    label_map
-        .iter()
-        .find(|(k, _)| k.parse::<f64>().ok() == Some(value))
-        .map(|(_, &c)| c)
+    label_map.iter().find(|(k, _)| k.parse::<f64>().ok() == Some(value)).map(|(_, &c)| c)
 }
 
 #[cfg(test)]
@@ -91,10 +75,7 @@ mod tests {
     fn parses_sparse_lines_into_dense_rows() {
         let dir = scratch("libsvm-ok");
         let text = "+1 1:1 3:0.5 \n-1 2:2 # comment\n1 qid:4 4:-1\n-1\n\n\n";
-        for (name, bytes) in [
-            ("s.txt", text.as_bytes().to_vec()),
-            ("s.gz", gzip(text.as_bytes())),
-        ] {
+        for (name, bytes) in [("s.txt", text.as_bytes().to_vec()), ("s.gz", gzip(text.as_bytes()))] {
             let p = dir.join(name);
             std::fs::write(&p, bytes).unwrap();
             let (x, y) = read(&p, 4, &labels()).unwrap();
@@ -114,30 +95,19 @@ mod tests {
             ("bad-index", "+1 a:1\n", "line 1", "`a:1`"),
             ("index-zero", "+1 0:1\n", "line 1", "1-based"),
             ("too-far", "-1 1:1\n+1 5:1\n", "line 2", "`features`"),
-            (
-                "unknown-label",
-                "+1 1:1\n2 1:1\n",
-                "line 2",
-                "unknown label `2`",
-            ),
+            ("unknown-label", "+1 1:1\n2 1:1\n", "line 2", "unknown label `2`"),
         ];
         for (name, text, line, what) in cases {
             let p = dir.join(name);
             std::fs::write(&p, text).unwrap();
             let m = read(&p, 4, &labels()).unwrap_err().to_string();
-            assert!(
-                m.contains(name) && m.contains(line) && m.contains(what),
-                "{m}"
-            );
+            assert!(m.contains(name) && m.contains(line) && m.contains(what), "{m}");
         }
         let p = dir.join("cut.gz");
         let gz = gzip("+1 1:1 2:1 3:1\n".repeat(200).as_bytes());
         std::fs::write(&p, &gz[..gz.len() / 2]).unwrap();
         let m = read(&p, 4, &labels()).unwrap_err().to_string();
-        assert!(
-            m.contains("cut.gz") && m.contains("gzip") && m.contains("line"),
-            "{m}"
-        );
+        assert!(m.contains("cut.gz") && m.contains("gzip") && m.contains("line"), "{m}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

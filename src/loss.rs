@@ -32,7 +32,14 @@ impl Loss {
 
     /// Loss sum and correct count over `b` rows of `logits` (`b × width`); when `dlogits` is given,
     /// writes `scale · ∂ℓ_j/∂z_j` into it.
-    pub fn evaluate(&self, logits: &[f32], labels: &[u32], width: usize, scale: f32, dlogits: Option<&mut [f32]>) -> LossStats {
+    pub fn evaluate(
+        &self,
+        logits: &[f32],
+        labels: &[u32],
+        width: usize,
+        scale: f32,
+        dlogits: Option<&mut [f32]>,
+    ) -> LossStats {
         let b = labels.len();
         assert_eq!(logits.len(), b * width, "loss: logits are not b×width");
         let mut st = LossStats::default();
@@ -91,7 +98,8 @@ mod tests {
             zp[i] += eps;
             let mut zm = logits.to_vec();
             zm[i] -= eps;
-            let fd = (loss.evaluate(&zp, labels, width, 1.0, None).loss_sum - loss.evaluate(&zm, labels, width, 1.0, None).loss_sum)
+            let fd = (loss.evaluate(&zp, labels, width, 1.0, None).loss_sum
+                - loss.evaluate(&zm, labels, width, 1.0, None).loss_sum)
                 / (2.0 * eps as f64);
             assert!((fd - g[i] as f64).abs() < 1e-3, "{loss:?} dz[{i}]: fd {fd} vs {}", g[i]);
         }

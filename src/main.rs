@@ -126,9 +126,7 @@ enum DataCmd {
 fn parse_every(s: &str) -> std::result::Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "`{s}`: expected a number of iterations, at least 1"
-        )),
+        _ => Err(format!("`{s}`: expected a number of iterations, at least 1")),
     }
 }
 
@@ -180,12 +178,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
     let recipe = lbbsp::recipe::resolve(&args.recipe, &args.set)?;
     for s in &args.slowdown {
         if s.rank >= comm.world_size() {
-            bail!(
-                "--slowdown {}:…: rank {} does not exist in a world of {}",
-                s.rank,
-                s.rank,
-                comm.world_size()
-            );
+            bail!("--slowdown {}:…: rank {} does not exist in a world of {}", s.rank, s.rank, comm.world_size());
         }
     }
     if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
@@ -193,11 +186,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
     }
     let threads = start_threads(comm, args.threads)?;
     // Fail on the recipe/bounds before spending time on data.
-    lbbsp::Balancer::new(
-        &recipe.balance,
-        recipe.train.global_batch,
-        comm.world_size(),
-    )?;
+    lbbsp::Balancer::new(&recipe.balance, recipe.train.global_batch, comm.world_size())?;
     let data = lbbsp::dataset::load(&recipe.data, &args.data.data_dir)?;
     let rank0 = comm.rank() == 0;
     if rank0 && !args.quiet {
@@ -217,8 +206,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
         }
         if rank0 {
             let resolved = resolved_path(out);
-            std::fs::write(&resolved, recipe.to_toml())
-                .with_context(|| format!("writing {}", resolved.display()))?;
+            std::fs::write(&resolved, recipe.to_toml()).with_context(|| format!("writing {}", resolved.display()))?;
         }
     }
     let opts = RunOptions {
@@ -226,10 +214,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
         threads,
         progress: !args.quiet,
         slowdowns: args.slowdown.clone(),
-        checkpoint_dir: args
-            .checkpoint_dir
-            .clone()
-            .or_else(|| args.resume.as_deref().map(lbbsp::checkpoint::root_of)),
+        checkpoint_dir: args.checkpoint_dir.clone().or_else(|| args.resume.as_deref().map(lbbsp::checkpoint::root_of)),
         checkpoint_every: args.checkpoint_every,
         resume: args.resume.clone(),
     };
@@ -248,10 +233,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
             summary.wall_s
         );
         if comm.world_size() > 1 && !args.quiet {
-            eprint!(
-                "straggler report ({} policy):\n{}",
-                summary.policy, summary.stragglers
-            );
+            eprint!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
         }
     }
     Ok(())
@@ -262,10 +244,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
 fn start_threads(comm: &Mpi, threads: Option<usize>) -> Result<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = threads.unwrap_or((cores / comm.local_size().max(1)).max(1));
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
-        .context("starting the rayon thread pool")?;
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
     Ok(threads)
 }
 
@@ -273,12 +252,7 @@ fn eval_on(comm: &Mpi, args: &EvalArgs) -> Result<()> {
     let recipe = lbbsp::recipe::resolve(&args.recipe, &args.set)?;
     start_threads(comm, args.threads)?;
     let data = lbbsp::dataset::load(&recipe.data, &args.data.data_dir)?;
-    let mut model = lbbsp::Model::new(
-        &recipe.model,
-        &data.train.sample_shape,
-        data.train.classes,
-        recipe.train.seed,
-    )?;
+    let mut model = lbbsp::Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, recipe.train.seed)?;
     if comm.rank() == 0 {
         model.params = lbbsp::checkpoint::read_weights(&args.weights, &model.table)?;
     }
@@ -313,9 +287,7 @@ fn eval_on(comm: &Mpi, args: &EvalArgs) -> Result<()> {
 
 /// `runs/x/summary.json` → `runs/x/summary.recipe.toml`: the resolved recipe next to a result.
 fn resolved_path(out: &Path) -> PathBuf {
-    let stem = out
-        .file_stem()
-        .map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    let stem = out.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
     out.with_file_name(format!("{stem}.recipe.toml"))
 }
 
@@ -323,10 +295,7 @@ fn run_data(cmd: DataCmd) -> Result<()> {
     match cmd {
         DataCmd::Fetch { name, data, mirror } => {
             let names: Vec<String> = if name == "all" {
-                lbbsp::manifest::names()?
-                    .into_iter()
-                    .map(String::from)
-                    .collect()
+                lbbsp::manifest::names()?.into_iter().map(String::from).collect()
             } else {
                 vec![name]
             };

@@ -101,21 +101,15 @@ impl DatasetSpec {
 
     /// Where the file with `role` lives under `data_dir`.
     pub fn path_of(&self, role: Role, data_dir: &Path) -> Result<PathBuf> {
-        self.file(role)
-            .map(|f| data_dir.join(&f.path))
-            .ok_or_else(|| {
-                Error::config(
-                    format!("manifest.{}.files", self.name),
-                    format!("no file with role {role:?}"),
-                )
-            })
+        self.file(role).map(|f| data_dir.join(&f.path)).ok_or_else(|| {
+            Error::config(format!("manifest.{}.files", self.name), format!("no file with role {role:?}"))
+        })
     }
 }
 
 /// Parses and checks a manifest text (the embedded one is [`manifest`]).
 pub fn parse(text: &str) -> Result<Manifest> {
-    let mut m: Manifest =
-        toml::from_str(text).map_err(|e| Error::config("manifest", e.to_string()))?;
+    let mut m: Manifest = toml::from_str(text).map_err(|e| Error::config("manifest", e.to_string()))?;
     for (name, spec) in m.iter_mut() {
         spec.name = name.clone();
         validate(spec).map_err(|msg| Error::config(format!("manifest.{name}"), msg))?;
@@ -142,13 +136,7 @@ pub fn spec(name: &str) -> Result<&'static DatasetSpec> {
     let m = manifest()?;
     m.get(name).ok_or_else(|| {
         let known: Vec<&str> = m.keys().map(String::as_str).collect();
-        Error::config(
-            "data.dataset",
-            format!(
-                "unknown data set `{name}`; known data sets: {}",
-                known.join(", ")
-            ),
-        )
+        Error::config("data.dataset", format!("unknown data set `{name}`; known data sets: {}", known.join(", ")))
     })
 }
 
@@ -157,19 +145,11 @@ pub fn verify(spec: &DatasetSpec, data_dir: &Path) -> Result<()> {
     for f in &spec.files {
         let path = data_dir.join(&f.path);
         if !path.is_file() {
-            return Err(Error::MissingData {
-                path,
-                dataset: spec.name.clone(),
-            });
+            return Err(Error::MissingData { path, dataset: spec.name.clone() });
         }
         let actual = sha256_file(&path)?;
         if actual != f.sha256 {
-            return Err(Error::Checksum {
-                path,
-                dataset: spec.name.clone(),
-                expected: f.sha256.clone(),
-                actual,
-            });
+            return Err(Error::Checksum { path, dataset: spec.name.clone(), expected: f.sha256.clone(), actual });
         }
     }
     Ok(())
@@ -209,20 +189,13 @@ fn validate(spec: &DatasetSpec) -> std::result::Result<(), String> {
         return Err(format!("`classes` is {}, need at least 2", spec.classes));
     }
     if spec.sample_shape.is_empty() || spec.sample_shape.contains(&0) {
-        return Err(format!(
-            "`sample_shape` {:?} has no or zero dimensions",
-            spec.sample_shape
-        ));
+        return Err(format!("`sample_shape` {:?} has no or zero dimensions", spec.sample_shape));
     }
     let mut roles: Vec<Role> = spec.files.iter().map(|f| f.role).collect();
     for f in &spec.files {
-        let hex_ok =
-            f.sha256.len() == 64 && f.sha256.bytes().all(|b| b"0123456789abcdef".contains(&b));
+        let hex_ok = f.sha256.len() == 64 && f.sha256.bytes().all(|b| b"0123456789abcdef".contains(&b));
         if !hex_ok {
-            return Err(format!(
-                "{}: `sha256` must be 64 lowercase hex digits",
-                f.path
-            ));
+            return Err(format!("{}: `sha256` must be 64 lowercase hex digits", f.path));
         }
         let rel = Path::new(&f.path);
         if f.path.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
@@ -231,26 +204,15 @@ fn validate(spec: &DatasetSpec) -> std::result::Result<(), String> {
     }
     roles.sort();
     let wanted: &[&[Role]] = match spec.format {
-        Format::Idx => &[&[
-            Role::TrainImages,
-            Role::TrainLabels,
-            Role::TestImages,
-            Role::TestLabels,
-        ]],
+        Format::Idx => &[&[Role::TrainImages, Role::TrainLabels, Role::TestImages, Role::TestLabels]],
         Format::Libsvm => &[&[Role::Train, Role::Test]],
         Format::Csv => &[&[Role::Train, Role::Test], &[Role::All]],
     };
     if !wanted.contains(&roles.as_slice()) {
-        return Err(format!(
-            "file roles {roles:?} do not fit format {:?}; want one of {wanted:?}",
-            spec.format
-        ));
+        return Err(format!("file roles {roles:?} do not fit format {:?}; want one of {wanted:?}", spec.format));
     }
     if spec.format == Format::Idx && spec.sample_shape.len() != 3 {
-        return Err(format!(
-            "IDX images need `sample_shape = [1, rows, cols]`, not {:?}",
-            spec.sample_shape
-        ));
+        return Err(format!("IDX images need `sample_shape = [1, rows, cols]`, not {:?}", spec.sample_shape));
     }
     match (spec.format, spec.features) {
         (Format::Libsvm, Some(f)) if f == spec.dim() => {}
@@ -264,19 +226,10 @@ fn validate(spec: &DatasetSpec) -> std::result::Result<(), String> {
         (_, None) => {}
     }
     if (spec.format == Format::Libsvm) == spec.labels.is_empty() {
-        return Err(
-            "`labels` (token -> class) is required for libsvm and allowed for nothing else".into(),
-        );
+        return Err("`labels` (token -> class) is required for libsvm and allowed for nothing else".into());
     }
-    if let Some((tok, c)) = spec
-        .labels
-        .iter()
-        .find(|(_, &c)| c as usize >= spec.classes)
-    {
-        return Err(format!(
-            "label `{tok}` maps to class {c}, beyond `classes` = {}",
-            spec.classes
-        ));
+    if let Some((tok, c)) = spec.labels.iter().find(|(_, &c)| c as usize >= spec.classes) {
+        return Err(format!("label `{tok}` maps to class {c}, beyond `classes` = {}", spec.classes));
     }
     Ok(())
 }
@@ -287,15 +240,9 @@ mod tests {
 
     #[test]
     fn embedded_manifest_parses_and_has_the_four_sets() {
-        assert_eq!(
-            names().unwrap(),
-            vec!["a9a", "digits", "fashion-mnist", "mnist"]
-        );
+        assert_eq!(names().unwrap(), vec!["a9a", "digits", "fashion-mnist", "mnist"]);
         let a9a = spec("a9a").unwrap();
-        assert_eq!(
-            (a9a.format, a9a.features, a9a.classes),
-            (Format::Libsvm, Some(123), 2)
-        );
+        assert_eq!((a9a.format, a9a.features, a9a.classes), (Format::Libsvm, Some(123), 2));
         assert_eq!(a9a.labels["+1"], 1);
         let mnist = spec("mnist").unwrap();
         assert_eq!(mnist.sample_shape, vec![1, 28, 28]);
@@ -306,10 +253,7 @@ mod tests {
     #[test]
     fn unknown_name_is_a_config_error_listing_the_known_ones() {
         let msg = spec("cifar").unwrap_err().to_string();
-        assert!(
-            msg.contains("data.dataset") && msg.contains("cifar"),
-            "{msg}"
-        );
+        assert!(msg.contains("data.dataset") && msg.contains("cifar"), "{msg}");
         assert!(msg.contains("mnist") && msg.contains("a9a"), "{msg}");
     }
 
@@ -333,10 +277,7 @@ mod tests {
         std::fs::create_dir_all(dir.join("t")).unwrap();
         std::fs::write(dir.join("t/abc.csv"), b"abc").unwrap();
         let sum = sha256_file(&dir.join("t/abc.csv")).unwrap();
-        assert_eq!(
-            sum,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(sum, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         let mut spec = parse(&format!(
             "[t]\nformat = \"csv\"\nclasses = 2\nsample_shape = [2]\n[[t.files]]\nrole = \"all\"\npath = \"t/abc.csv\"\nbytes = 3\nsha256 = \"{sum}\"\nurls = []\n"
         ))
@@ -346,10 +287,7 @@ mod tests {
         verify(&spec, &dir).unwrap();
         spec.files[0].sha256 = "0".repeat(64);
         let msg = verify(&spec, &dir).unwrap_err().to_string();
-        assert!(
-            msg.contains("abc.csv") && msg.contains("lbbsp data fetch t"),
-            "{msg}"
-        );
+        assert!(msg.contains("abc.csv") && msg.contains("lbbsp data fetch t"), "{msg}");
         spec.files[0].path = "t/gone.csv".into();
         let msg = verify(&spec, &dir).unwrap_err().to_string();
         assert!(msg.contains("gone.csv") && msg.contains("missing"), "{msg}");

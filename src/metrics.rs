@@ -112,16 +112,11 @@ pub struct JsonlWriter {
 impl JsonlWriter {
     pub fn create(path: &Path) -> Result<JsonlWriter> {
         let f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-        Ok(JsonlWriter {
-            path: path.to_path_buf(),
-            out: std::io::BufWriter::new(f),
-        })
+        Ok(JsonlWriter { path: path.to_path_buf(), out: std::io::BufWriter::new(f) })
     }
     pub fn write<T: Serialize>(&mut self, rec: &T) -> Result<()> {
-        let line = serde_json::to_string(rec).map_err(|e| Error::Output {
-            path: self.path.clone(),
-            msg: e.to_string(),
-        })?;
+        let line =
+            serde_json::to_string(rec).map_err(|e| Error::Output { path: self.path.clone(), msg: e.to_string() })?;
         writeln!(self.out, "{line}").map_err(|e| Error::io(&self.path, e))
     }
     pub fn flush(&mut self) -> Result<()> {
@@ -131,10 +126,8 @@ impl JsonlWriter {
 
 /// Writes `value` as pretty JSON to `path`.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output {
-        path: path.to_path_buf(),
-        msg: e.to_string(),
-    })?;
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::Output { path: path.to_path_buf(), msg: e.to_string() })?;
     std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
 }
 
@@ -165,7 +158,12 @@ pub fn straggler_report(records: &[IterRecord]) -> StragglerReport {
         }
         // Under an equal split each rank would take B/N · (its seconds per sample).
         let b_eq = r.global_batch as f64 / world as f64;
-        let eq: Vec<f64> = r.compute_s.iter().zip(&r.batch_sizes).map(|(&c, &b)| if b > 0 { c / b as f64 * b_eq } else { 0.0 }).collect();
+        let eq: Vec<f64> = r
+            .compute_s
+            .iter()
+            .zip(&r.batch_sizes)
+            .map(|(&c, &b)| if b > 0 { c / b as f64 * b_eq } else { 0.0 })
+            .collect();
         if let Some((k, wait)) = straggler(&eq) {
             rep.bsp_wait_s[k] += wait;
         }
@@ -215,7 +213,10 @@ mod tests {
     #[test]
     fn straggler_report_attributes_waiting() {
         // Rank 1 is 3× slower per sample; this run already gave it a quarter of the batch.
-        let r = straggler_report(&[test_record(0, vec![96, 32], vec![0.097, 0.096]), test_record(1, vec![96, 32], vec![0.090, 0.100])]);
+        let r = straggler_report(&[
+            test_record(0, vec![96, 32], vec![0.097, 0.096]),
+            test_record(1, vec![96, 32], vec![0.090, 0.100]),
+        ]);
         assert_eq!(r.slowest_fraction, vec![0.5, 0.5]);
         assert!((r.actual_wait_s[0] - 0.001).abs() < 1e-12 && (r.actual_wait_s[1] - 0.010).abs() < 1e-12);
         // Equal split (64 each): rank 0 would take 0.097/96·64, rank 1 0.096/32·64 = 0.192, then 0.06 and 0.2.

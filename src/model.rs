@@ -99,10 +99,7 @@ fn build(specs: &[LayerSpec], input: &[usize], field: &str, path: &[u64]) -> Res
         let layer = build_one(spec, &shape, &at, &here)?;
         shape = layer.out_shape();
         if shape.contains(&0) {
-            return Err(Error::config(
-                at,
-                format!("outputs the empty shape {shape:?}"),
-            ));
+            return Err(Error::config(at, format!("outputs the empty shape {shape:?}")));
         }
         layers.push(layer);
     }
@@ -114,9 +111,7 @@ fn build(specs: &[LayerSpec], input: &[usize], field: &str, path: &[u64]) -> Res
 fn layer_key(path: &[u64]) -> u64 {
     match path {
         [i] => *i,
-        _ => path
-            .iter()
-            .fold(0x6E65_7374u64, |h, &k| mix64(h ^ mix64(k))),
+        _ => path.iter().fold(0x6E65_7374u64, |h, &k| mix64(h ^ mix64(k))),
     }
 }
 
@@ -124,10 +119,7 @@ fn layer_key(path: &[u64]) -> u64 {
 fn image(kind: &str, shape: &[usize], at: &str) -> Result<[usize; 3]> {
     match *shape {
         [c, h, w] => Ok([c, h, w]),
-        _ => Err(Error::config(
-            at,
-            format!("{kind} needs input of shape [C, H, W] but gets {shape:?}"),
-        )),
+        _ => Err(Error::config(at, format!("{kind} needs input of shape [C, H, W] but gets {shape:?}"))),
     }
 }
 
@@ -139,20 +131,11 @@ fn at_least_one(v: usize, field: String) -> Result<()> {
 }
 
 /// Checks that a `kernel×kernel` window with `stride` and `padding` fits `[C, H, W]`.
-fn window_fits(
-    kind: &str,
-    input: [usize; 3],
-    kernel: usize,
-    stride: usize,
-    padding: usize,
-    at: &str,
-) -> Result<()> {
+fn window_fits(kind: &str, input: [usize; 3], kernel: usize, stride: usize, padding: usize, at: &str) -> Result<()> {
     at_least_one(kernel, format!("{at}.kernel"))?;
     at_least_one(stride, format!("{at}.stride"))?;
     let [_, h, w] = input;
-    if out_len(h, kernel, stride, padding).is_none()
-        || out_len(w, kernel, stride, padding).is_none()
-    {
+    if out_len(h, kernel, stride, padding).is_none() || out_len(w, kernel, stride, padding).is_none() {
         return Err(Error::config(
             format!("{at}.kernel"),
             format!("{kind} kernel {kernel} is larger than its input {h}×{w} (plus 2×padding {padding})"),
@@ -172,37 +155,17 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
                 ));
             }
             at_least_one(*out, format!("{at}.out"))?;
-            Box::new(Linear {
-                inp: feat,
-                out: *out,
-            })
+            Box::new(Linear { inp: feat, out: *out })
         }
-        LayerSpec::Relu => Box::new(Relu {
-            shape: shape.to_vec(),
-        }),
-        LayerSpec::Silu => Box::new(Silu {
-            shape: shape.to_vec(),
-        }),
-        LayerSpec::Tanh => Box::new(Tanh {
-            shape: shape.to_vec(),
-        }),
+        LayerSpec::Relu => Box::new(Relu { shape: shape.to_vec() }),
+        LayerSpec::Silu => Box::new(Silu { shape: shape.to_vec() }),
+        LayerSpec::Tanh => Box::new(Tanh { shape: shape.to_vec() }),
         LayerSpec::Flatten => Box::new(Flatten { features: feat }),
-        LayerSpec::Conv2d {
-            out_channels,
-            kernel,
-            stride,
-            padding,
-        } => {
+        LayerSpec::Conv2d { out_channels, kernel, stride, padding } => {
             let input = image("conv2d", shape, at)?;
             at_least_one(*out_channels, format!("{at}.out_channels"))?;
             window_fits("conv2d", input, *kernel, *stride, *padding, at)?;
-            Box::new(Conv2d::new(
-                input,
-                *out_channels,
-                *kernel,
-                *stride,
-                *padding,
-            ))
+            Box::new(Conv2d::new(input, *out_channels, *kernel, *stride, *padding))
         }
         LayerSpec::MaxPool2d { kernel, stride } | LayerSpec::AvgPool2d { kernel, stride } => {
             let max = matches!(spec, LayerSpec::MaxPool2d { .. });
@@ -218,21 +181,13 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
         }
         LayerSpec::GlobalAvgPool => {
             if shape.len() < 2 {
-                return Err(Error::config(
-                    at,
-                    format!("global-avg-pool needs input [C, H, W] but gets {shape:?}"),
-                ));
+                return Err(Error::config(at, format!("global-avg-pool needs input [C, H, W] but gets {shape:?}")));
             }
-            Box::new(GlobalAvgPool {
-                input: shape.to_vec(),
-            })
+            Box::new(GlobalAvgPool { input: shape.to_vec() })
         }
         LayerSpec::Dropout { p } => {
             if !(0.0..1.0).contains(p) {
-                return Err(Error::config(
-                    format!("{at}.p"),
-                    format!("must be in [0, 1), got {p}"),
-                ));
+                return Err(Error::config(format!("{at}.p"), format!("must be in [0, 1), got {p}")));
             }
             Box::new(Dropout::new(*p, shape.to_vec(), layer_key(path)))
         }
@@ -249,19 +204,12 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
         }
         LayerSpec::Residual { layers, shortcut } => {
             if layers.is_empty() {
-                return Err(Error::config(
-                    format!("{at}.layers"),
-                    "a residual body needs at least one layer",
-                ));
+                return Err(Error::config(format!("{at}.layers"), "a residual body needs at least one layer"));
             }
             let branch = |k: u64| [path, &[k]].concat();
             let body = build(layers, shape, &format!("{at}.layers"), &branch(0))?;
             let short = build(shortcut, shape, &format!("{at}.shortcut"), &branch(1))?;
-            let short_out = if short.is_empty() {
-                shape
-            } else {
-                short.out_shape()
-            };
+            let short_out = if short.is_empty() { shape } else { short.out_shape() };
             if body.out_shape() != short_out {
                 return Err(Error::config(
                     at,
@@ -299,12 +247,7 @@ impl Model {
     /// Builds the layers for samples of `sample_shape`, checks the output width against the loss,
     /// and initialises parameters deterministically from `seed` (layer `i` from stream
     /// `[seed, 0x1417, i]`; a block derives its inner layers' streams from its own).
-    pub fn new(
-        spec: &ModelSpec,
-        sample_shape: &[usize],
-        classes: usize,
-        seed: u64,
-    ) -> Result<Model> {
+    pub fn new(spec: &ModelSpec, sample_shape: &[usize], classes: usize, seed: u64) -> Result<Model> {
         if spec.layers.is_empty() {
             return Err(Error::config("model.layers", "needs at least one layer"));
         }
@@ -369,17 +312,9 @@ impl Model {
 
     /// Buffers for a batch of `b` rows: inputs (`b × input_dim`), labels and dataset indices.
     pub fn input_mut(&mut self, b: usize) -> (&mut [f32], &mut [u32], &mut [usize]) {
-        assert!(
-            b <= self.capacity,
-            "batch {b} exceeds model capacity {}",
-            self.capacity
-        );
+        assert!(b <= self.capacity, "batch {b} exceeds model capacity {}", self.capacity);
         let d = self.input_dim();
-        (
-            &mut self.input[..b * d],
-            &mut self.labels[..b],
-            &mut self.ids[..b],
-        )
+        (&mut self.input[..b * d], &mut self.labels[..b], &mut self.ids[..b])
     }
 
     /// Logits of the last forward pass (`b × output_dim`).
@@ -388,15 +323,8 @@ impl Model {
     }
 
     fn forward_layers(&mut self, b: usize, mode: Mode) {
-        assert!(
-            b <= self.capacity,
-            "batch {b} exceeds model capacity {}",
-            self.capacity
-        );
-        let pass = Pass {
-            mode,
-            sample_ids: &self.ids[..b],
-        };
+        assert!(b <= self.capacity, "batch {b} exceeds model capacity {}", self.capacity);
+        let pass = Pass { mode, sample_ids: &self.ids[..b] };
         self.chain.forward(&self.params, &self.input, b, &pass);
     }
 
@@ -404,8 +332,7 @@ impl Model {
     pub fn forward(&mut self, b: usize, mode: Mode) -> LossStats {
         self.forward_layers(b, mode);
         let w = self.output_dim();
-        self.loss
-            .evaluate(self.logits(b), &self.labels[..b], w, 1.0, None)
+        self.loss.evaluate(self.logits(b), &self.labels[..b], w, 1.0, None)
     }
 
     /// Forward and backward over `b` rows: `grads = scale · Σ_rows ∂ℓ/∂θ`.
@@ -418,21 +345,8 @@ impl Model {
         }
         self.forward_layers(b, mode);
         let w = self.output_dim();
-        let stats = self.loss.evaluate(
-            self.chain.output(b),
-            &self.labels[..b],
-            w,
-            scale,
-            Some(&mut self.dlogits),
-        );
-        self.chain.backward(
-            &self.params,
-            &mut self.grads,
-            &self.input,
-            &self.dlogits[..b * w],
-            None,
-            b,
-        );
+        let stats = self.loss.evaluate(self.chain.output(b), &self.labels[..b], w, scale, Some(&mut self.dlogits));
+        self.chain.backward(&self.params, &mut self.grads, &self.input, &self.dlogits[..b * w], None, b);
         stats
     }
 }
@@ -457,25 +371,14 @@ mod tests {
     fn table_names_and_sizes() {
         let m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
         let names: Vec<_> = m.table.entries().iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "layers.1.weight",
-                "layers.1.bias",
-                "layers.3.weight",
-                "layers.3.bias"
-            ]
-        );
+        assert_eq!(names, ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias"]);
         assert_eq!(m.params.len(), 5 * 4 + 5 + 3 * 5 + 3);
     }
 
     #[test]
     fn wrong_output_width_names_the_field() {
         let err = Model::new(&mlp(), &[4], 10, 1).err().unwrap().to_string();
-        assert!(
-            err.contains("model.layers") && err.contains("[10]"),
-            "{err}"
-        );
+        assert!(err.contains("model.layers") && err.contains("[10]"), "{err}");
     }
 
     #[test]
@@ -488,10 +391,8 @@ mod tests {
     }
 
     fn parse(layers: &str) -> ModelSpec {
-        toml::from_str(&format!(
-            "loss = \"softmax-cross-entropy\"\nlayers = {layers}"
-        ))
-        .unwrap_or_else(|e| panic!("{e}"))
+        toml::from_str(&format!("loss = \"softmax-cross-entropy\"\nlayers = {layers}"))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     const RESNETISH: &str = r#"[
@@ -510,12 +411,7 @@ mod tests {
     #[test]
     fn nested_parameters_have_dotted_names_in_one_flat_buffer() {
         let m = Model::new(&parse(RESNETISH), &[1, 6, 6], 3, 1).unwrap();
-        let names: Vec<_> = m
-            .table
-            .entries()
-            .iter()
-            .map(|e| (e.name.as_str(), e.shape.clone()))
-            .collect();
+        let names: Vec<_> = m.table.entries().iter().map(|e| (e.name.as_str(), e.shape.clone())).collect();
         assert_eq!(
             names,
             [
@@ -543,15 +439,7 @@ mod tests {
         let text = toml::to_string(&spec).unwrap();
         assert_eq!(toml::from_str::<ModelSpec>(&text).unwrap(), spec);
         let conv = &parse(r#"[{ type = "conv2d", out_channels = 2, kernel = 3 }]"#).layers[0];
-        assert_eq!(
-            *conv,
-            LayerSpec::Conv2d {
-                out_channels: 2,
-                kernel: 3,
-                stride: 1,
-                padding: 0
-            }
-        );
+        assert_eq!(*conv, LayerSpec::Conv2d { out_channels: 2, kernel: 3, stride: 1, padding: 0 });
         let bad = toml::from_str::<ModelSpec>("loss = \"softmax-cross-entropy\"\nlayers = [{ type = \"conv2d\", out_channels = 2, kernel = 3, dilation = 2 }]");
         assert!(bad.unwrap_err().to_string().contains("dilation"));
     }
@@ -559,59 +447,35 @@ mod tests {
     #[test]
     fn impossible_shapes_are_config_errors_naming_the_field() {
         let err = |layers: &str, shape: &[usize]| {
-            Model::new(&parse(layers), shape, 3, 1)
-                .err()
-                .expect("an error")
-                .to_string()
+            Model::new(&parse(layers), shape, 3, 1).err().expect("an error").to_string()
         };
         let e = err(
             r#"[{ type = "conv2d", out_channels = 2, kernel = 5 }, { type = "flatten" }, { type = "linear", out = 3 }]"#,
             &[1, 3, 3],
         );
-        assert!(
-            e.contains("model.layers[0].kernel") && e.contains("larger"),
-            "{e}"
-        );
+        assert!(e.contains("model.layers[0].kernel") && e.contains("larger"), "{e}");
         let e = err(
             r#"[{ type = "max-pool2d", kernel = 4 }, { type = "flatten" }, { type = "linear", out = 3 }]"#,
             &[1, 3, 3],
         );
         assert!(e.contains("model.layers[0].kernel"), "{e}");
-        let e = err(
-            r#"[{ type = "conv2d", out_channels = 2, kernel = 3 }]"#,
-            &[9],
-        );
-        assert!(
-            e.contains("model.layers[0]") && e.contains("[C, H, W]"),
-            "{e}"
-        );
+        let e = err(r#"[{ type = "conv2d", out_channels = 2, kernel = 3 }]"#, &[9]);
+        assert!(e.contains("model.layers[0]") && e.contains("[C, H, W]"), "{e}");
         let e = err(
             r#"[{ type = "group-norm", groups = 4 }, { type = "flatten" }, { type = "linear", out = 3 }]"#,
             &[6, 2, 2],
         );
-        assert!(
-            e.contains("model.layers[0].groups") && e.contains("divisible"),
-            "{e}"
-        );
-        let e = err(
-            r#"[{ type = "dropout", p = 1.0 }, { type = "linear", out = 3 }]"#,
-            &[4],
-        );
+        assert!(e.contains("model.layers[0].groups") && e.contains("divisible"), "{e}");
+        let e = err(r#"[{ type = "dropout", p = 1.0 }, { type = "linear", out = 3 }]"#, &[4]);
         assert!(e.contains("model.layers[0].p"), "{e}");
-        let e = err(
-            r#"[{ type = "conv2d", out_channels = 2, kernel = 1, stride = 0 }]"#,
-            &[1, 3, 3],
-        );
+        let e = err(r#"[{ type = "conv2d", out_channels = 2, kernel = 1, stride = 0 }]"#, &[1, 3, 3]);
         assert!(e.contains("model.layers[0].stride"), "{e}");
         let nested = r#"[{ type = "residual", layers = [{ type = "conv2d", out_channels = 1, kernel = 9 }] }]"#;
         let e = err(nested, &[1, 3, 3]);
         assert!(e.contains("model.layers[0].layers[0].kernel"), "{e}");
         let mismatch = r#"[{ type = "residual", layers = [{ type = "conv2d", out_channels = 2, kernel = 3, stride = 2, padding = 1 }] }]"#;
         let e = err(mismatch, &[1, 4, 4]);
-        assert!(
-            e.contains("model.layers[0]") && e.contains("shortcut") && e.contains("[2, 2, 2]"),
-            "{e}"
-        );
+        assert!(e.contains("model.layers[0]") && e.contains("shortcut") && e.contains("[2, 2, 2]"), "{e}");
     }
 
     #[test]

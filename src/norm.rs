@@ -41,13 +41,7 @@ impl GroupNorm {
             groups >= 1 && !shape.is_empty() && shape[0] % groups == 0,
             "group-norm: {groups} groups do not divide shape {shape:?}"
         );
-        GroupNorm {
-            groups,
-            shape,
-            mean: Vec::new(),
-            rstd: Vec::new(),
-            partials: Vec::new(),
-        }
+        GroupNorm { groups, shape, mean: Vec::new(), rstd: Vec::new(), partials: Vec::new() }
     }
     fn channels(&self) -> usize {
         self.shape[0]
@@ -66,10 +60,7 @@ impl Layer for GroupNorm {
         self.shape.clone()
     }
     fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        vec![
-            ("weight".into(), vec![self.channels()]),
-            ("bias".into(), vec![self.channels()]),
-        ]
+        vec![("weight".into(), vec![self.channels()]), ("bias".into(), vec![self.channels()])]
     }
     fn init(&self, p: &mut [f32], _rng: &mut Rng) {
         let (gamma, beta) = p.split_at_mut(self.channels());
@@ -82,10 +73,7 @@ impl Layer for GroupNorm {
         let d = c * area;
         let glen = d / groups;
         assert_eq!(p.len(), 2 * c, "group-norm: parameter slice");
-        assert!(
-            x.len() >= b * d && y.len() >= b * d,
-            "group-norm: batch buffers too small"
-        );
+        assert!(x.len() >= b * d && y.len() >= b * d, "group-norm: batch buffers too small");
         let (gamma, beta) = p.split_at(c);
         grow(&mut self.mean, b * groups);
         grow(&mut self.rstd, b * groups);
@@ -96,26 +84,15 @@ impl Layer for GroupNorm {
             .zip(self.rstd[..b * groups].par_chunks_mut(groups))
             .with_min_len(SAMPLES_PER_TASK)
             .for_each(|(((y, x), mean), rstd)| {
-                for (g, (yg, xg)) in y
-                    .chunks_exact_mut(glen)
-                    .zip(x.chunks_exact(glen))
-                    .enumerate()
-                {
+                for (g, (yg, xg)) in y.chunks_exact_mut(glen).zip(x.chunks_exact(glen)).enumerate() {
                     let mu = xg.iter().sum::<f32>() / glen as f32;
                     let var = xg.iter().map(|&v| (v - mu) * (v - mu)).sum::<f32>() / glen as f32;
                     let r = 1.0 / (var + EPS).sqrt();
                     (mean[g], rstd[g]) = (mu, r);
                     let ch0 = g * (c / groups);
-                    for (k, (yc, xc)) in yg
-                        .chunks_exact_mut(area)
-                        .zip(xg.chunks_exact(area))
-                        .enumerate()
-                    {
-                        let (scale, shift) =
-                            (gamma[ch0 + k] * r, beta[ch0 + k] - gamma[ch0 + k] * r * mu);
-                        yc.iter_mut()
-                            .zip(xc)
-                            .for_each(|(y, &x)| *y = x * scale + shift);
+                    for (k, (yc, xc)) in yg.chunks_exact_mut(area).zip(xg.chunks_exact(area)).enumerate() {
+                        let (scale, shift) = (gamma[ch0 + k] * r, beta[ch0 + k] - gamma[ch0 + k] * r * mu);
+                        yc.iter_mut().zip(xc).for_each(|(y, &x)| *y = x * scale + shift);
                     }
                 }
             });
@@ -127,10 +104,7 @@ impl Layer for GroupNorm {
         let (c, area, groups) = (self.channels(), self.area(), self.groups);
         let (d, cpg) = (c * area, c / groups);
         assert_eq!(g.len(), 2 * c, "group-norm: gradient slice");
-        assert!(
-            self.mean.len() >= b * groups,
-            "group-norm: backward before forward"
-        );
+        assert!(self.mean.len() >= b * groups, "group-norm: backward before forward");
         let gamma = &p[..c];
         grow(&mut self.partials, b * 2 * c);
         let (mean, rstd) = (&self.mean[..b * groups], &self.rstd[..b * groups]);
@@ -140,10 +114,7 @@ impl Layer for GroupNorm {
             let (dgamma, dbeta) = part.split_at_mut(c);
             for ch in 0..c {
                 let (mu, r) = (mean[n * groups + ch / cpg], rstd[n * groups + ch / cpg]);
-                let (xc, dyc) = (
-                    &x[ch * area..(ch + 1) * area],
-                    &dy[ch * area..(ch + 1) * area],
-                );
+                let (xc, dyc) = (&x[ch * area..(ch + 1) * area], &dy[ch * area..(ch + 1) * area]);
                 dgamma[ch] = xc.iter().zip(dyc).map(|(&x, &d)| d * (x - mu) * r).sum();
                 dbeta[ch] = dyc.iter().sum();
             }
@@ -157,11 +128,7 @@ impl Layer for GroupNorm {
                 let m2 = chans.clone().map(|ch| gamma[ch] * dgamma[ch]).sum::<f32>() / glen;
                 for ch in chans {
                     let span = ch * area..(ch + 1) * area;
-                    for ((dx, &x), &d) in dx[span.clone()]
-                        .iter_mut()
-                        .zip(&x[span.clone()])
-                        .zip(&dy[span])
-                    {
+                    for ((dx, &x), &d) in dx[span.clone()].iter_mut().zip(&x[span.clone()]).zip(&dy[span]) {
                         *dx = r * (gamma[ch] * d - m1 - (x - mu) * r * m2);
                     }
                 }
@@ -200,35 +167,16 @@ mod tests {
         gn.init(&mut p, &mut Rng::from_keys(&[0]));
         let x: Vec<f32> = (0..24).map(|v| (v * v % 7) as f32).collect();
         let mut y = vec![0.0; 24];
-        let pass = Pass {
-            mode: Mode {
-                train: true,
-                seed: 0,
-                epoch: 0,
-            },
-            sample_ids: &[0, 1],
-        };
+        let pass = Pass { mode: Mode { train: true, seed: 0, epoch: 0 }, sample_ids: &[0, 1] };
         gn.forward(&p, &x, &mut y, 2, &pass);
         for grp in y.chunks_exact(6) {
             let mu = grp.iter().sum::<f32>() / 6.0;
             let var = grp.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / 6.0;
-            assert!(
-                mu.abs() < 1e-5 && (var - 1.0).abs() < 1e-3,
-                "mean {mu} var {var}"
-            );
+            assert!(mu.abs() < 1e-5 && (var - 1.0).abs() < 1e-3, "mean {mu} var {var}");
         }
         // The second sample alone gives the same output: no cross-sample statistics.
         let mut y1 = vec![0.0; 12];
-        gn.forward(
-            &p,
-            &x[12..],
-            &mut y1,
-            1,
-            &Pass {
-                sample_ids: &[1],
-                ..pass
-            },
-        );
+        gn.forward(&p, &x[12..], &mut y1, 1, &Pass { sample_ids: &[1], ..pass });
         assert_eq!(y1, y[12..]);
     }
 }

@@ -82,58 +82,31 @@ impl OptimizerConfig {
     /// Rejects impossible values and settings of another optimizer, naming the field.
     pub fn validate(&self) -> Result<()> {
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(Error::config(
-                "optimizer.lr",
-                format!("must be a positive number, got {}", self.lr),
-            ));
+            return Err(Error::config("optimizer.lr", format!("must be a positive number, got {}", self.lr)));
         }
         if !(0.0..1.0).contains(&self.momentum) {
-            return Err(Error::config(
-                "optimizer.momentum",
-                format!("must be in [0, 1), got {}", self.momentum),
-            ));
+            return Err(Error::config("optimizer.momentum", format!("must be in [0, 1), got {}", self.momentum)));
         }
         if self.nesterov && self.momentum == 0.0 {
-            return Err(Error::config(
-                "optimizer.nesterov",
-                "Nesterov momentum needs optimizer.momentum > 0",
-            ));
+            return Err(Error::config("optimizer.nesterov", "Nesterov momentum needs optimizer.momentum > 0"));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(Error::config(
-                "optimizer.weight_decay",
-                format!("must be ≥ 0, got {}", self.weight_decay),
-            ));
+            return Err(Error::config("optimizer.weight_decay", format!("must be ≥ 0, got {}", self.weight_decay)));
         }
         if let Some(c) = self.clip_grad_norm {
             if !(c.is_finite() && c > 0.0) {
-                return Err(Error::config(
-                    "optimizer.clip_grad_norm",
-                    format!("must be a positive number, got {c}"),
-                ));
+                return Err(Error::config("optimizer.clip_grad_norm", format!("must be a positive number, got {c}")));
             }
         }
-        if let Schedule::Step {
-            every_epochs: 0, ..
-        } = self.schedule
-        {
-            return Err(Error::config(
-                "optimizer.schedule.every_epochs",
-                "must be at least 1",
-            ));
+        if let Schedule::Step { every_epochs: 0, .. } = self.schedule {
+            return Err(Error::config("optimizer.schedule.every_epochs", "must be at least 1"));
         }
         let kind = self.kind.name();
         match self.kind {
             OptimizerKind::Sgd => {
-                let adam_only = [
-                    ("optimizer.betas", self.betas.is_some()),
-                    ("optimizer.eps", self.eps.is_some()),
-                ];
+                let adam_only = [("optimizer.betas", self.betas.is_some()), ("optimizer.eps", self.eps.is_some())];
                 if let Some((field, _)) = adam_only.iter().find(|f| f.1) {
-                    return Err(Error::config(
-                        *field,
-                        "applies to kind = \"adam\" or \"adamw\" only, not \"sgd\"",
-                    ));
+                    return Err(Error::config(*field, "applies to kind = \"adam\" or \"adamw\" only, not \"sgd\""));
                 }
             }
             OptimizerKind::Adam | OptimizerKind::AdamW => {
@@ -151,17 +124,11 @@ impl OptimizerConfig {
                 }
                 let [b1, b2] = self.betas();
                 if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
-                    return Err(Error::config(
-                        "optimizer.betas",
-                        format!("both must be in [0, 1), got [{b1}, {b2}]"),
-                    ));
+                    return Err(Error::config("optimizer.betas", format!("both must be in [0, 1), got [{b1}, {b2}]")));
                 }
                 let eps = self.eps();
                 if !(eps.is_finite() && eps > 0.0) {
-                    return Err(Error::config(
-                        "optimizer.eps",
-                        format!("must be a positive number, got {eps}"),
-                    ));
+                    return Err(Error::config("optimizer.eps", format!("must be a positive number, got {eps}")));
                 }
             }
         }
@@ -188,18 +155,14 @@ impl OptimizerConfig {
         }
         match self.schedule {
             Schedule::Constant => self.lr,
-            Schedule::Step {
-                every_epochs,
-                gamma,
-            } => {
+            Schedule::Step { every_epochs, gamma } => {
                 let epoch = iter / iters_per_epoch.max(1);
                 self.lr * gamma.powi((epoch / every_epochs) as i32)
             }
             Schedule::Cosine { min_factor } => {
                 let span = total.saturating_sub(self.warmup_iters).max(1) as f32;
                 let t = ((iter - self.warmup_iters) as f32 / span).min(1.0);
-                let f = min_factor
-                    + (1.0 - min_factor) * 0.5 * (1.0 + (std::f32::consts::PI * t).cos());
+                let f = min_factor + (1.0 - min_factor) * 0.5 * (1.0 + (std::f32::consts::PI * t).cos());
                 self.lr * f
             }
         }
@@ -213,11 +176,7 @@ impl OptimizerConfig {
 /// norm is summed sequentially in f64, so every rank, holding the same allreduced gradient, computes
 /// the same factor.
 pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
-    let norm = grads
-        .iter()
-        .map(|&g| g as f64 * g as f64)
-        .sum::<f64>()
-        .sqrt() as f32;
+    let norm = grads.iter().map(|&g| g as f64 * g as f64).sum::<f64>().sqrt() as f32;
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
         grads.iter_mut().for_each(|g| *g *= coef);
@@ -275,10 +234,7 @@ impl Optimizer {
             Optimizer::Sgd(o) => o.step,
             Optimizer::Adam(o) => o.step,
         };
-        OptimizerState {
-            kind: self.kind(),
-            step,
-        }
+        OptimizerState { kind: self.kind(), step }
     }
 
     /// Sets the step count (the buffers are restored through [`Optimizer::buffers_mut`]).
@@ -302,10 +258,7 @@ impl Optimizer {
         match self {
             Optimizer::Sgd(o) if o.velocity.is_empty() => Vec::new(),
             Optimizer::Sgd(o) => vec![("momentum_buffer", &mut o.velocity)],
-            Optimizer::Adam(o) => vec![
-                ("exp_avg", &mut o.exp_avg),
-                ("exp_avg_sq", &mut o.exp_avg_sq),
-            ],
+            Optimizer::Adam(o) => vec![("exp_avg", &mut o.exp_avg), ("exp_avg_sq", &mut o.exp_avg_sq)],
         }
     }
 }
@@ -328,11 +281,7 @@ impl Sgd {
             momentum: cfg.momentum,
             nesterov: cfg.nesterov,
             weight_decay: cfg.weight_decay,
-            velocity: if cfg.momentum > 0.0 {
-                vec![0.0; n]
-            } else {
-                Vec::new()
-            },
+            velocity: if cfg.momentum > 0.0 { vec![0.0; n] } else { Vec::new() },
             step: 0,
         }
     }
@@ -404,11 +353,7 @@ impl Adam {
         // Scalars in f64 as PyTorch computes them (Python floats), then used in f32.
         let step_size = (lr as f64 / (1.0 - (b1 as f64).powf(t))) as f32;
         let bc2_sqrt = (1.0 - (b2 as f64).powf(t)).sqrt() as f32;
-        let (decay, l2) = if self.decoupled {
-            (1.0 - lr * wd, 0.0)
-        } else {
-            (1.0, wd)
-        };
+        let (decay, l2) = if self.decoupled { (1.0 - lr * wd, 0.0) } else { (1.0, wd) };
         let moments = self.exp_avg.iter_mut().zip(self.exp_avg_sq.iter_mut());
         for ((p, &g), (m, v)) in params.iter_mut().zip(grads).zip(moments) {
             *p *= decay;
@@ -440,12 +385,7 @@ mod tests {
     }
 
     fn adam(kind: OptimizerKind, betas: [f32; 2], eps: f32, weight_decay: f32) -> OptimizerConfig {
-        OptimizerConfig {
-            kind,
-            betas: Some(betas),
-            eps: Some(eps),
-            ..cfg(0.0, false, weight_decay)
-        }
+        OptimizerConfig { kind, betas: Some(betas), eps: Some(eps), ..cfg(0.0, false, weight_decay) }
     }
 
     // Golden values: three steps on p = [1.0, -2.0, 0.5] with gradients g_t = [0.1, 0.2, -0.3] * (t + 1),
@@ -471,10 +411,7 @@ mod tests {
         let mut p = vec![1.0f32, -2.0, 0.5];
         let mut opt = Optimizer::new(c, 3);
         for t in 0..3 {
-            let g: Vec<f32> = [0.1f32, 0.2, -0.3]
-                .iter()
-                .map(|x| x * (t + 1) as f32)
-                .collect();
+            let g: Vec<f32> = [0.1f32, 0.2, -0.3].iter().map(|x| x * (t + 1) as f32).collect();
             opt.step(&mut p, &g, c.lr);
         }
         assert_eq!(opt.state().step, 3);
@@ -489,16 +426,10 @@ mod tests {
 
     #[test]
     fn sgd_matches_golden_values() {
-        close(
-            &run(&cfg(0.0, false, 0.0)),
-            &[0.9400001, -2.1199999, 0.6799999],
-        );
+        close(&run(&cfg(0.0, false, 0.0)), &[0.9400001, -2.1199999, 0.6799999]);
         close(&run(&cfg(0.9, false, 0.0)), &[0.9049, -2.1902001, 0.7853]);
         close(&run(&cfg(0.9, true, 0.0)), &[0.85441, -2.2911801, 0.93677]);
-        close(
-            &run(&cfg(0.9, true, 0.01)),
-            &[0.84655, -2.2747595, 0.9322271],
-        );
+        close(&run(&cfg(0.9, true, 0.01)), &[0.84655, -2.2747595, 0.9322271]);
     }
 
     // Golden values: the same three steps under Adam / AdamW, from this script, which is PyTorch's
@@ -531,26 +462,14 @@ mod tests {
     #[test]
     fn adam_matches_golden_values() {
         use OptimizerKind::Adam;
-        close(
-            &run(&adam(Adam, [0.9, 0.999], 1e-8, 0.0)),
-            &[0.7076817, -2.2923183, 0.7923183],
-        );
-        close(
-            &run(&adam(Adam, [0.9, 0.999], 1e-8, 0.1)),
-            &[0.7016783, -2.1574416, 0.7906695],
-        );
-        close(
-            &run(&adam(Adam, [0.5, 0.9], 0.1, 0.0)),
-            &[0.8107263, -2.2349477, 0.7558911],
-        );
+        close(&run(&adam(Adam, [0.9, 0.999], 1e-8, 0.0)), &[0.7076817, -2.2923183, 0.7923183]);
+        close(&run(&adam(Adam, [0.9, 0.999], 1e-8, 0.1)), &[0.7016783, -2.1574416, 0.7906695]);
+        close(&run(&adam(Adam, [0.5, 0.9], 0.1, 0.0)), &[0.8107263, -2.2349477, 0.7558911]);
     }
 
     #[test]
     fn adamw_matches_golden_values() {
-        close(
-            &run(&adam(OptimizerKind::AdamW, [0.9, 0.999], 1e-8, 0.1)),
-            &[0.6809359, -2.2299614, 0.7745126],
-        );
+        close(&run(&adam(OptimizerKind::AdamW, [0.9, 0.999], 1e-8, 0.1)), &[0.6809359, -2.2299614, 0.7745126]);
     }
 
     #[test]
@@ -568,11 +487,7 @@ mod tests {
         close(&g, &[0.6, 0.8]);
         let mut small = vec![0.3f32, 0.4];
         assert!((clip_grad_norm(&mut small, 1.0) - 0.5).abs() < 1e-7);
-        assert_eq!(
-            small,
-            [0.3, 0.4],
-            "a gradient within the norm is left alone"
-        );
+        assert_eq!(small, [0.3, 0.4], "a gradient within the norm is left alone");
     }
 
     #[test]
@@ -588,13 +503,7 @@ mod tests {
             dst.copy_from_slice(src);
         }
         assert_eq!(a, b);
-        assert_eq!(
-            b.state(),
-            OptimizerState {
-                kind: OptimizerKind::AdamW,
-                step: 1
-            }
-        );
+        assert_eq!(b.state(), OptimizerState { kind: OptimizerKind::AdamW, step: 1 });
     }
 
     #[test]
@@ -609,10 +518,7 @@ mod tests {
         assert!(c.lr_at(99, 10, 100) < 0.01);
         assert!((c.lr_at(52, 10, 100) - 0.5).abs() < 1e-6);
         c.warmup_iters = 0;
-        c.schedule = Schedule::Step {
-            every_epochs: 2,
-            gamma: 0.1,
-        };
+        c.schedule = Schedule::Step { every_epochs: 2, gamma: 0.1 };
         assert_eq!(c.lr_at(19, 10, 100), 1.0);
         assert!((c.lr_at(20, 10, 100) - 0.1).abs() < 1e-7);
     }
@@ -628,74 +534,28 @@ mod tests {
         c.momentum = 0.0;
         c.nesterov = true;
         fails(&c, "optimizer.nesterov");
-        fails(
-            &OptimizerConfig {
-                betas: Some([0.9, 0.99]),
-                ..cfg(0.0, false, 0.0)
-            },
-            "optimizer.betas",
-        );
-        fails(
-            &OptimizerConfig {
-                eps: Some(1e-6),
-                ..cfg(0.0, false, 0.0)
-            },
-            "optimizer.eps",
-        );
-        fails(
-            &OptimizerConfig {
-                clip_grad_norm: Some(0.0),
-                ..cfg(0.0, false, 0.0)
-            },
-            "optimizer.clip_grad_norm",
-        );
+        fails(&OptimizerConfig { betas: Some([0.9, 0.99]), ..cfg(0.0, false, 0.0) }, "optimizer.betas");
+        fails(&OptimizerConfig { eps: Some(1e-6), ..cfg(0.0, false, 0.0) }, "optimizer.eps");
+        fails(&OptimizerConfig { clip_grad_norm: Some(0.0), ..cfg(0.0, false, 0.0) }, "optimizer.clip_grad_norm");
         let a = adam(OptimizerKind::Adam, [0.9, 0.999], 1e-8, 0.0);
         a.validate().unwrap();
-        fails(
-            &OptimizerConfig {
-                momentum: 0.9,
-                ..a.clone()
-            },
-            "optimizer.momentum",
-        );
-        fails(
-            &OptimizerConfig {
-                betas: Some([0.9, 1.0]),
-                ..a.clone()
-            },
-            "optimizer.betas",
-        );
-        fails(
-            &OptimizerConfig {
-                eps: Some(0.0),
-                ..a.clone()
-            },
-            "optimizer.eps",
-        );
-        fails(
-            &OptimizerConfig {
-                weight_decay: -1.0,
-                ..a
-            },
-            "optimizer.weight_decay",
-        );
+        fails(&OptimizerConfig { momentum: 0.9, ..a.clone() }, "optimizer.momentum");
+        fails(&OptimizerConfig { betas: Some([0.9, 1.0]), ..a.clone() }, "optimizer.betas");
+        fails(&OptimizerConfig { eps: Some(0.0), ..a.clone() }, "optimizer.eps");
+        fails(&OptimizerConfig { weight_decay: -1.0, ..a }, "optimizer.weight_decay");
     }
 
     #[test]
     fn kinds_parse_from_toml() {
-        for (text, kind) in [
-            ("sgd", OptimizerKind::Sgd),
-            ("adam", OptimizerKind::Adam),
-            ("adamw", OptimizerKind::AdamW),
-        ] {
-            let c: OptimizerConfig =
-                toml::from_str(&format!("kind = \"{text}\"\nlr = 0.001")).unwrap();
+        for (text, kind) in
+            [("sgd", OptimizerKind::Sgd), ("adam", OptimizerKind::Adam), ("adamw", OptimizerKind::AdamW)]
+        {
+            let c: OptimizerConfig = toml::from_str(&format!("kind = \"{text}\"\nlr = 0.001")).unwrap();
             assert_eq!(c.kind, kind);
             assert_eq!(Optimizer::new(&c, 1).kind(), kind);
         }
         let c: OptimizerConfig =
-            toml::from_str("kind = \"adamw\"\nlr = 0.001\nbetas = [0.8, 0.99]\neps = 1e-6")
-                .unwrap();
+            toml::from_str("kind = \"adamw\"\nlr = 0.001\nbetas = [0.8, 0.99]\neps = 1e-6").unwrap();
         assert_eq!((c.betas(), c.eps()), ([0.8, 0.99], 1e-6));
     }
 }

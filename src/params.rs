@@ -38,11 +38,7 @@ pub struct ParamTable {
 impl ParamTable {
     /// Appends a tensor and returns its range in the flat buffer.
     pub fn push(&mut self, name: impl Into<String>, shape: &[usize]) -> Range<usize> {
-        let entry = ParamEntry {
-            name: name.into(),
-            shape: shape.to_vec(),
-            offset: self.total,
-        };
+        let entry = ParamEntry { name: name.into(), shape: shape.to_vec(), offset: self.total };
         self.total += entry.len();
         let r = entry.range();
         self.entries.push(entry);

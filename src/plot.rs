@@ -66,11 +66,7 @@ const TITLE_HEIGHT: u32 = 40;
 
 /// Reads every file in `args.files` and writes the three-panel SVG to `args.output`.
 pub fn run(args: &PlotArgs) -> Result<()> {
-    let runs = args
-        .files
-        .iter()
-        .map(|p| load_run(p, &args.files))
-        .collect::<Result<Vec<_>>>()?;
+    let runs = args.files.iter().map(|p| load_run(p, &args.files)).collect::<Result<Vec<_>>>()?;
     draw(&runs, &args.output)
 }
 
@@ -78,10 +74,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
 fn load_run(path: &Path, all: &[PathBuf]) -> Result<Run> {
     let records = read_records(path)?;
     if records.is_empty() {
-        return Err(Error::data(
-            path,
-            "no iteration records (is it a `lbbsp train --metrics` file?)",
-        ));
+        return Err(Error::data(path, "no iteration records (is it a `lbbsp train --metrics` file?)"));
     }
     let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().into_owned());
     // Stems name runs unless two files share one (`a/metrics.jsonl`, `b/metrics.jsonl`).
@@ -98,12 +91,7 @@ fn panels(runs: &[Run]) -> [Panel; 3] {
     let per_rank = |value: fn(&IterRecord, usize) -> f64| -> Vec<Series> {
         let mut out = Vec::new();
         for (f, run) in runs.iter().enumerate() {
-            let world = run
-                .records
-                .iter()
-                .map(|r| r.batch_sizes.len())
-                .max()
-                .unwrap_or(0);
+            let world = run.records.iter().map(|r| r.batch_sizes.len()).max().unwrap_or(0);
             for rank in 0..world {
                 let points = run
                     .records
@@ -111,17 +99,8 @@ fn panels(runs: &[Run]) -> [Panel; 3] {
                     .filter(|r| rank < r.batch_sizes.len() && rank < r.compute_s.len())
                     .map(|r| (r.iter as f64, value(r, rank)))
                     .collect();
-                let label = if runs.len() > 1 {
-                    format!("{} rank {rank}", run.name)
-                } else {
-                    format!("rank {rank}")
-                };
-                out.push(Series {
-                    label,
-                    color: PALETTE[rank % PALETTE.len()],
-                    dash: f,
-                    points,
-                });
+                let label = if runs.len() > 1 { format!("{} rank {rank}", run.name) } else { format!("rank {rank}") };
+                out.push(Series { label, color: PALETTE[rank % PALETTE.len()], dash: f, points });
             }
         }
         out
@@ -133,11 +112,7 @@ fn panels(runs: &[Run]) -> [Panel; 3] {
             label: run.name.clone(),
             color: PALETTE[f % PALETTE.len()],
             dash: 0,
-            points: run
-                .records
-                .iter()
-                .map(|r| (r.iter as f64, 1e3 * r.iter_s))
-                .collect(),
+            points: run.records.iter().map(|r| (r.iter as f64, 1e3 * r.iter_s)).collect(),
         })
         .collect();
     [
@@ -153,37 +128,20 @@ fn panels(runs: &[Run]) -> [Panel; 3] {
             y_decimals: None,
             series: per_rank(|r, k| 1e3 * r.compute_s[k]),
         },
-        Panel {
-            title: "(c) iteration time",
-            y_desc: "iteration (ms)",
-            y_decimals: None,
-            series: iter_time,
-        },
+        Panel { title: "(c) iteration time", y_desc: "iteration (ms)", y_decimals: None, series: iter_time },
     ]
 }
 
 /// Renders the panels of `runs` to an SVG at `out`.
 fn draw(runs: &[Run], out: &Path) -> Result<()> {
-    let err = |e: &dyn std::fmt::Display| Error::Output {
-        path: out.to_path_buf(),
-        msg: e.to_string(),
-    };
+    let err = |e: &dyn std::fmt::Display| Error::Output { path: out.to_path_buf(), msg: e.to_string() };
     let height = TITLE_HEIGHT + 3 * PANEL_HEIGHT;
     let root = SVGBackend::new(out, (WIDTH, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
-    let root = root
-        .titled(
-            &format!("lbbsp metrics: {}", names.join(" vs ")),
-            ("sans-serif", 24),
-        )
-        .map_err(|e| err(&e))?;
-    let x_max = runs
-        .iter()
-        .flat_map(|r| r.records.iter().map(|r| r.iter))
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+    let root =
+        root.titled(&format!("lbbsp metrics: {}", names.join(" vs ")), ("sans-serif", 24)).map_err(|e| err(&e))?;
+    let x_max = runs.iter().flat_map(|r| r.records.iter().map(|r| r.iter)).max().unwrap_or(0).max(1) as f64;
     for (area, panel) in root.split_evenly((3, 1)).iter().zip(panels(runs)) {
         draw_panel(area, &panel, x_max).map_err(|e| err(&e))?;
     }
@@ -191,16 +149,11 @@ fn draw(runs: &[Run], out: &Path) -> Result<()> {
 }
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
-type DrawResult<'a> =
-    std::result::Result<(), DrawingAreaErrorKind<<SVGBackend<'a> as DrawingBackend>::ErrorType>>;
+type DrawResult<'a> = std::result::Result<(), DrawingAreaErrorKind<<SVGBackend<'a> as DrawingBackend>::ErrorType>>;
 
 /// One panel: axes from 0, lines, and a legend in the upper right corner above the data.
 fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> {
-    let y_data = panel
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
-        .fold(0.0, f64::max);
+    let y_data = panel.series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0, f64::max);
     // Headroom above the data for the legend: one row of 22 px per series in a 300 px plot.
     let rows = panel.series.len() as f64;
     let y_max = (y_data / (1.0 - (rows * 22.0 + 16.0) / 300.0).max(0.4)).max(1e-9);
@@ -229,11 +182,7 @@ fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> 
     for s in &panel.series {
         let style = s.color.stroke_width(2);
         // Pixels on and off; a solid line is one long dash.
-        let (on, off) = if s.dash == 0 {
-            (24, 0)
-        } else {
-            DASHES[(s.dash - 1) % DASHES.len()]
-        };
+        let (on, off) = if s.dash == 0 { (24, 0) } else { DASHES[(s.dash - 1) % DASHES.len()] };
         let anno = if s.dash == 0 {
             chart.draw_series(LineSeries::new(s.points.iter().copied(), style))?
         } else {
@@ -241,12 +190,7 @@ fn draw_panel<'a>(area: &Area<'a>, panel: &Panel, x_max: f64) -> DrawResult<'a> 
             chart.draw_series(DashedLineSeries::new(points, on, off, style))?
         };
         anno.label(s.label.as_str()).legend(move |(x, y)| {
-            plotters::element::DashedPathElement::new(
-                vec![(x, y), (x + 24, y)],
-                on,
-                off.max(1),
-                style,
-            )
+            plotters::element::DashedPathElement::new(vec![(x, y), (x + 24, y)], on, off.max(1), style)
         });
     }
     chart
@@ -281,40 +225,20 @@ mod tests {
     #[test]
     fn plots_two_runs_to_svg() {
         let dir = tmp_dir("ok");
-        let (bsp, lb, out) = (
-            dir.join("bsp.jsonl"),
-            dir.join("lb.jsonl"),
-            dir.join("out.svg"),
-        );
+        let (bsp, lb, out) = (dir.join("bsp.jsonl"), dir.join("lb.jsonl"), dir.join("out.svg"));
         write_metrics(
             &bsp,
-            &[
-                test_record(0, vec![32, 32], vec![0.01, 0.03]),
-                test_record(1, vec![32, 32], vec![0.01, 0.03]),
-            ],
+            &[test_record(0, vec![32, 32], vec![0.01, 0.03]), test_record(1, vec![32, 32], vec![0.01, 0.03])],
         );
         write_metrics(
             &lb,
-            &[
-                test_record(0, vec![32, 32], vec![0.01, 0.03]),
-                test_record(1, vec![48, 16], vec![0.015, 0.015]),
-            ],
+            &[test_record(0, vec![32, 32], vec![0.01, 0.03]), test_record(1, vec![48, 16], vec![0.015, 0.015])],
         );
-        run(&PlotArgs {
-            files: vec![bsp, lb],
-            output: out.clone(),
-        })
-        .unwrap();
+        run(&PlotArgs { files: vec![bsp, lb], output: out.clone() }).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(svg.contains("<svg"), "{svg}");
-        for text in [
-            "bsp rank 1",
-            "lb rank 0",
-            "(c) iteration time",
-            "compute (ms)",
-            "bsp vs lb",
-        ] {
+        for text in ["bsp rank 1", "lb rank 0", "(c) iteration time", "compute (ms)", "bsp vs lb"] {
             assert!(svg.contains(text), "missing {text:?}");
         }
     }
@@ -324,40 +248,22 @@ mod tests {
         let dir = tmp_dir("err");
         let out = dir.join("out.svg");
         let missing = dir.join("missing.jsonl");
-        let e = run(&PlotArgs {
-            files: vec![missing.clone()],
-            output: out.clone(),
-        })
-        .unwrap_err();
-        assert!(
-            matches!(&e, Error::Io { path, .. } if *path == missing),
-            "{e}"
-        );
+        let e = run(&PlotArgs { files: vec![missing.clone()], output: out.clone() }).unwrap_err();
+        assert!(matches!(&e, Error::Io { path, .. } if *path == missing), "{e}");
         assert!(e.to_string().contains("missing.jsonl"), "{e}");
 
         let (empty, bad) = (dir.join("empty.jsonl"), dir.join("bad.jsonl"));
         std::fs::write(&empty, "\n").unwrap();
         std::fs::write(&bad, "{\"iter\": 0}\n").unwrap();
         for (file, what) in [(&empty, "no iteration records"), (&bad, "line 1")] {
-            let e = run(&PlotArgs {
-                files: vec![file.clone()],
-                output: out.clone(),
-            })
-            .unwrap_err();
+            let e = run(&PlotArgs { files: vec![file.clone()], output: out.clone() }).unwrap_err();
             let msg = e.to_string();
-            assert!(
-                msg.contains(&*file.to_string_lossy()) && msg.contains(what),
-                "{msg}"
-            );
+            assert!(msg.contains(&*file.to_string_lossy()) && msg.contains(what), "{msg}");
         }
         let good = dir.join("good.jsonl");
         write_metrics(&good, &[test_record(0, vec![8], vec![0.01])]);
         let unwritable = dir.join("no-such-dir").join("out.svg");
-        let e = run(&PlotArgs {
-            files: vec![good],
-            output: unwritable,
-        })
-        .unwrap_err();
+        let e = run(&PlotArgs { files: vec![good], output: unwritable }).unwrap_err();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(e.to_string().contains("no-such-dir"), "{e}");
     }
@@ -368,9 +274,7 @@ mod tests {
         let p = dir.join("m.jsonl");
         write_metrics(&p, &[test_record(0, vec![8], vec![0.01])]);
         let alone = load_run(&p, std::slice::from_ref(&p)).unwrap().name;
-        let shared = load_run(&p, &[p.clone(), PathBuf::from("other/m.jsonl")])
-            .unwrap()
-            .name;
+        let shared = load_run(&p, &[p.clone(), PathBuf::from("other/m.jsonl")]).unwrap().name;
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(alone, "m");
         assert_eq!(shared, p.display().to_string());

@@ -20,16 +20,8 @@ pub struct Window {
 impl Window {
     /// Panics if the window does not fit the input (the model builder checks first).
     pub fn new(input: [usize; 3], kernel: usize, stride: usize) -> Window {
-        match (
-            out_len(input[1], kernel, stride, 0),
-            out_len(input[2], kernel, stride, 0),
-        ) {
-            (Some(oh), Some(ow)) => Window {
-                input,
-                kernel,
-                stride,
-                out_hw: [oh, ow],
-            },
+        match (out_len(input[1], kernel, stride, 0), out_len(input[2], kernel, stride, 0)) {
+            (Some(oh), Some(ow)) => Window { input, kernel, stride, out_hw: [oh, ow] },
             _ => panic!("pool: kernel {kernel} stride {stride} does not fit input {input:?}"),
         }
     }
@@ -74,10 +66,7 @@ pub struct MaxPool2d {
 
 impl MaxPool2d {
     pub fn new(input: [usize; 3], kernel: usize, stride: usize) -> MaxPool2d {
-        MaxPool2d {
-            window: Window::new(input, kernel, stride),
-            argmax: Vec::new(),
-        }
+        MaxPool2d { window: Window::new(input, kernel, stride), argmax: Vec::new() }
     }
 }
 
@@ -92,10 +81,7 @@ impl Layer for MaxPool2d {
     fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
         let win = self.window;
         let (il, ol) = (win.in_len(), win.out_len());
-        assert!(
-            x.len() >= b * il && y.len() >= b * ol,
-            "max-pool2d: batch buffers too small"
-        );
+        assert!(x.len() >= b * il && y.len() >= b * ol, "max-pool2d: batch buffers too small");
         grow(&mut self.argmax, b * ol);
         y[..b * ol]
             .par_chunks_mut(ol)
@@ -123,10 +109,7 @@ impl Layer for MaxPool2d {
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
         let Some(dx) = dx else { return };
         let (b, il, ol) = (io.b, self.window.in_len(), self.window.out_len());
-        assert!(
-            self.argmax.len() >= b * ol,
-            "max-pool2d: backward before forward"
-        );
+        assert!(self.argmax.len() >= b * ol, "max-pool2d: backward before forward");
         dx[..b * il]
             .par_chunks_mut(il)
             .zip(dy[..b * ol].par_chunks(ol))
@@ -149,9 +132,7 @@ pub struct AvgPool2d {
 
 impl AvgPool2d {
     pub fn new(input: [usize; 3], kernel: usize, stride: usize) -> AvgPool2d {
-        AvgPool2d {
-            window: Window::new(input, kernel, stride),
-        }
+        AvgPool2d { window: Window::new(input, kernel, stride) }
     }
 }
 
@@ -166,24 +147,13 @@ impl Layer for AvgPool2d {
     fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
         let win = self.window;
         let (il, ol) = (win.in_len(), win.out_len());
-        assert!(
-            x.len() >= b * il && y.len() >= b * ol,
-            "avg-pool2d: batch buffers too small"
-        );
+        assert!(x.len() >= b * il && y.len() >= b * ol, "avg-pool2d: batch buffers too small");
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
-        y[..b * ol]
-            .par_chunks_mut(ol)
-            .zip(x[..b * il].par_chunks(il))
-            .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|(y, x)| {
-                win.for_each(|o, base| {
-                    y[o] = win
-                        .rows(base)
-                        .map(|r| x[r].iter().sum::<f32>())
-                        .sum::<f32>()
-                        * scale
-                });
-            });
+        y[..b * ol].par_chunks_mut(ol).zip(x[..b * il].par_chunks(il)).with_min_len(SAMPLES_PER_TASK).for_each(
+            |(y, x)| {
+                win.for_each(|o, base| y[o] = win.rows(base).map(|r| x[r].iter().sum::<f32>()).sum::<f32>() * scale);
+            },
+        );
     }
     /// `∂x[i] = Σ_{windows ∋ i} ∂y / k²`.
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
@@ -191,18 +161,15 @@ impl Layer for AvgPool2d {
         let win = self.window;
         let (b, il, ol) = (io.b, win.in_len(), win.out_len());
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
-        dx[..b * il]
-            .par_chunks_mut(il)
-            .zip(dy[..b * ol].par_chunks(ol))
-            .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|(dx, dy)| {
+        dx[..b * il].par_chunks_mut(il).zip(dy[..b * ol].par_chunks(ol)).with_min_len(SAMPLES_PER_TASK).for_each(
+            |(dx, dy)| {
                 dx.fill(0.0);
                 win.for_each(|o, base| {
                     let d = dy[o] * scale;
-                    win.rows(base)
-                        .for_each(|r| dx[r].iter_mut().for_each(|v| *v += d));
+                    win.rows(base).for_each(|r| dx[r].iter_mut().for_each(|v| *v += d));
                 });
-            });
+            },
+        );
     }
 }
 
@@ -229,15 +196,9 @@ impl Layer for GlobalAvgPool {
     /// `x: B×C×H×W → y: B×C`, `y = mean over H×W`.
     fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
         let (c, area) = self.channels_and_area();
-        assert!(
-            x.len() >= b * c * area && y.len() >= b * c,
-            "global-avg-pool: batch buffers too small"
-        );
+        assert!(x.len() >= b * c * area && y.len() >= b * c, "global-avg-pool: batch buffers too small");
         let scale = 1.0 / area as f32;
-        for (y, plane) in y[..b * c]
-            .iter_mut()
-            .zip(x[..b * c * area].chunks_exact(area))
-        {
+        for (y, plane) in y[..b * c].iter_mut().zip(x[..b * c * area].chunks_exact(area)) {
             *y = plane.iter().sum::<f32>() * scale;
         }
     }
@@ -246,10 +207,7 @@ impl Layer for GlobalAvgPool {
         let Some(dx) = dx else { return };
         let (c, area) = self.channels_and_area();
         let scale = 1.0 / area as f32;
-        for (&d, plane) in dy[..io.b * c]
-            .iter()
-            .zip(dx[..io.b * c * area].chunks_exact_mut(area))
-        {
+        for (&d, plane) in dy[..io.b * c].iter().zip(dx[..io.b * c * area].chunks_exact_mut(area)) {
             plane.fill(d * scale);
         }
     }
@@ -261,14 +219,7 @@ mod tests {
     use crate::layers::Mode;
 
     fn pass() -> Pass<'static> {
-        Pass {
-            mode: Mode {
-                train: false,
-                seed: 0,
-                epoch: 0,
-            },
-            sample_ids: &[0],
-        }
+        Pass { mode: Mode { train: false, seed: 0, epoch: 0 }, sample_ids: &[0] }
     }
 
     #[test]
@@ -283,18 +234,10 @@ mod tests {
         ap.forward(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [3.0, 5.0, 13.0, 15.0]);
         let mut dx = vec![9.0; 20];
-        mp.backward(
-            &[],
-            &mut [],
-            Io { x: &x, y: &y, b: 1 },
-            &[1.0, 2.0, 3.0, 4.0],
-            Some(&mut dx),
-        );
+        mp.backward(&[], &mut [], Io { x: &x, y: &y, b: 1 }, &[1.0, 2.0, 3.0, 4.0], Some(&mut dx));
         assert_eq!(dx.iter().sum::<f32>(), 10.0);
         assert_eq!((dx[6], dx[8], dx[16], dx[18]), (1.0, 2.0, 3.0, 4.0));
-        let mut gp = GlobalAvgPool {
-            input: vec![2, 2, 5],
-        };
+        let mut gp = GlobalAvgPool { input: vec![2, 2, 5] };
         let mut y = vec![0.0; 2];
         gp.forward(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [4.5, 14.5]);

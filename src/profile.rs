@@ -99,12 +99,7 @@ impl CpuSampler {
     pub fn new() -> CpuSampler {
         let cores = allowed_cores();
         let busy = busy_s(&cores);
-        CpuSampler {
-            cores,
-            wall: Instant::now(),
-            busy,
-            own: process_cpu_s(),
-        }
+        CpuSampler { cores, wall: Instant::now(), busy, own: process_cpu_s() }
     }
 
     /// The sample since the previous call (or creation), and starts a new one.

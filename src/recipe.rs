@@ -55,10 +55,7 @@ impl Recipe {
 
     /// Like [`Recipe::load`] from text already read; `path` only names the source in errors.
     pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Recipe> {
-        let err = |msg: String| Error::Recipe {
-            path: PathBuf::from(path),
-            msg,
-        };
+        let err = |msg: String| Error::Recipe { path: PathBuf::from(path), msg };
         let recipe: Recipe = if overrides.is_empty() {
             toml::from_str(text).map_err(|e| err(e.to_string()))?
         } else {
@@ -173,7 +170,8 @@ mod tests {
         for (name, text) in SHIPPED {
             let r = Recipe::parse(text, Path::new(name), &[]).unwrap();
             let data = crate::manifest::spec(&r.data.dataset).unwrap();
-            crate::model::Model::new(&r.model, &data.sample_shape, data.classes, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+            crate::model::Model::new(&r.model, &data.sample_shape, data.classes, 1)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }
 
@@ -188,7 +186,8 @@ mod tests {
 
     #[test]
     fn overrides_apply() {
-        let r = Recipe::parse(DIGITS, Path::new("x.toml"), &["train.epochs=7".into(), "balance.policy=lbbsp".into()]).unwrap();
+        let r = Recipe::parse(DIGITS, Path::new("x.toml"), &["train.epochs=7".into(), "balance.policy=lbbsp".into()])
+            .unwrap();
         assert_eq!(r.train.epochs, 7);
         assert_eq!(r.balance.policy, crate::balance::Policy::Lbbsp);
     }

@@ -28,27 +28,11 @@ impl Residual {
     /// Panics unless the body and the shortcut map the same input to the same output shape (the
     /// model builder checks first).
     pub fn new(body: Chain, shortcut: Chain) -> Residual {
-        let short_out = if shortcut.is_empty() {
-            body.input_shape()
-        } else {
-            shortcut.out_shape()
-        };
+        let short_out = if shortcut.is_empty() { body.input_shape() } else { shortcut.out_shape() };
         assert!(!body.is_empty(), "residual: empty body");
-        assert_eq!(
-            body.input_shape(),
-            shortcut.input_shape(),
-            "residual: body and shortcut inputs differ"
-        );
-        assert_eq!(
-            body.out_shape(),
-            short_out,
-            "residual: body and shortcut outputs differ"
-        );
-        Residual {
-            body,
-            shortcut,
-            dx_short: Vec::new(),
-        }
+        assert_eq!(body.input_shape(), shortcut.input_shape(), "residual: body and shortcut inputs differ");
+        assert_eq!(body.out_shape(), short_out, "residual: body and shortcut outputs differ");
+        Residual { body, shortcut, dx_short: Vec::new() }
     }
     fn in_len(&self) -> usize {
         self.body.input_shape().iter().product()
@@ -63,16 +47,8 @@ impl Layer for Residual {
         self.body.out_shape().to_vec()
     }
     fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let body = self
-            .body
-            .param_shapes()
-            .into_iter()
-            .map(|(n, s)| (format!("body.{n}"), s));
-        let short = self
-            .shortcut
-            .param_shapes()
-            .into_iter()
-            .map(|(n, s)| (format!("shortcut.{n}"), s));
+        let body = self.body.param_shapes().into_iter().map(|(n, s)| (format!("body.{n}"), s));
+        let short = self.shortcut.param_shapes().into_iter().map(|(n, s)| (format!("shortcut.{n}"), s));
         body.chain(short).collect()
     }
     /// Each inner layer from its own stream, derived from the block's.
@@ -80,16 +56,12 @@ impl Layer for Residual {
         let base = rng.next_u64();
         let (pb, ps) = p.split_at_mut(self.body.n_params());
         self.body.init(pb, |j| Rng::from_keys(&[base, 0, j as u64]));
-        self.shortcut
-            .init(ps, |j| Rng::from_keys(&[base, 1, j as u64]));
+        self.shortcut.init(ps, |j| Rng::from_keys(&[base, 1, j as u64]));
     }
     /// `x: B×C×H×W → y = f(x) + s(x): B×C'×H'×W'`.
     fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass) {
         let (il, ol) = (self.in_len(), self.body.out_len());
-        assert!(
-            x.len() >= b * il && y.len() >= b * ol,
-            "residual: batch buffers too small"
-        );
+        assert!(x.len() >= b * il && y.len() >= b * ol, "residual: batch buffers too small");
         let (pb, ps) = p.split_at(self.body.n_params());
         self.body.reserve(b);
         self.body.forward(pb, x, b, pass);
@@ -125,8 +97,7 @@ impl Layer for Residual {
                     dy
                 } else {
                     grow(&mut self.dx_short, b * il);
-                    self.shortcut
-                        .backward(ps, gs, io.x, dy, Some(&mut self.dx_short[..b * il]), b);
+                    self.shortcut.backward(ps, gs, io.x, dy, Some(&mut self.dx_short[..b * il]), b);
                     &self.dx_short[..b * il]
                 };
                 dx.iter_mut().zip(through).for_each(|(d, s)| *d += s);

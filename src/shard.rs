@@ -18,10 +18,7 @@ pub struct EpochPlan {
 impl EpochPlan {
     pub fn new(n: usize, global_batch: usize, seed: u64, epoch: u64) -> EpochPlan {
         assert!(global_batch > 0);
-        EpochPlan {
-            perm: crate::rng::permutation(n, &[seed, 0xE90C, epoch]),
-            global_batch,
-        }
+        EpochPlan { perm: crate::rng::permutation(n, &[seed, 0xE90C, epoch]), global_batch }
     }
     /// Iterations in the epoch (the last batch may be partial).
     pub fn iterations(&self) -> usize {

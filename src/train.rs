@@ -62,30 +62,12 @@ pub struct RunOptions {
 const STATS: usize = 5;
 
 /// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
-pub fn train(
-    recipe: &Recipe,
-    data: &Splits,
-    comm: &dyn Communicator,
-    opts: &RunOptions,
-) -> Result<Summary> {
+pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let cfg = &recipe.train;
     let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
-    let mut model = Model::new(
-        &recipe.model,
-        &data.train.sample_shape,
-        data.train.classes,
-        cfg.seed,
-    )?;
-    model.set_capacity(
-        balancer
-            .bounds
-            .iter()
-            .map(|b| b.1)
-            .max()
-            .unwrap_or(1)
-            .max(256),
-    );
+    let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
+    model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
     comm.broadcast_into(0, &mut model.params);
     let mut global_grad = vec![0.0f32; model.params.len()];
     let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
@@ -109,24 +91,23 @@ pub fn train(
     let bar = progress_bar(rank == 0 && opts.progress, total_iters);
     bar.set_position(start.step.min(total_iters) as u64);
     let mut last_saved = None;
-    let save =
-        |progress: &Progress, model: &Model, opt: &Optimizer, balancer: &Balancer| -> Result<()> {
-            match (&opts.checkpoint_dir, rank) {
-                (Some(dir), 0) => {
-                    let snap = Snapshot {
-                        table: &model.table,
-                        params: &model.params,
-                        optimizer: opt,
-                        balancer,
-                        progress,
-                        recipe,
-                        world_size: world,
-                    };
-                    checkpoint::save(dir, &snap).map(|_| ())
-                }
-                _ => Ok(()),
+    let save = |progress: &Progress, model: &Model, opt: &Optimizer, balancer: &Balancer| -> Result<()> {
+        match (&opts.checkpoint_dir, rank) {
+            (Some(dir), 0) => {
+                let snap = Snapshot {
+                    table: &model.table,
+                    params: &model.params,
+                    optimizer: opt,
+                    balancer,
+                    progress,
+                    recipe,
+                    world_size: world,
+                };
+                checkpoint::save(dir, &snap).map(|_| ())
             }
-        };
+            _ => Ok(()),
+        }
+    };
     let mut metrics = match (&opts.metrics, rank) {
         (Some(p), 0) => Some(JsonlWriter::create(p)?),
         _ => None,
@@ -144,11 +125,7 @@ pub fn train(
 
     'epochs: for epoch in start.epoch..cfg.epochs {
         let plan = EpochPlan::new(n, cfg.global_batch, cfg.seed, epoch as u64);
-        let first = if epoch == start.epoch {
-            start.batch_in_epoch
-        } else {
-            0
-        };
+        let first = if epoch == start.epoch { start.batch_in_epoch } else { 0 };
         if first == 0 {
             epoch_loss = (0.0, 0);
         }
@@ -157,9 +134,8 @@ pub fn train(
                 break 'epochs;
             }
             let t_iter = Instant::now();
-            let unix_s = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
+            let unix_s =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let batch = plan.batch(t);
             let sizes = if batch.len() == cfg.global_batch {
                 balancer.sizes().to_vec()
@@ -167,11 +143,7 @@ pub fn train(
                 rescale(balancer.sizes(), batch.len())
             };
             let slice = &batch[slice_for(&sizes, rank)];
-            let mode = Mode {
-                train: true,
-                seed: cfg.seed,
-                epoch: epoch as u64,
-            };
+            let mode = Mode { train: true, seed: cfg.seed, epoch: epoch as u64 };
 
             // Compute: this rank's share of Σ_j ∇ℓ_j / B.
             let t0 = Instant::now();
@@ -186,13 +158,7 @@ pub fn train(
             // Stats exchange: every rank learns every (b_i, compute_i) before the allreduce. Fast
             // ranks block here until the slowest arrives, so this is also the waiting time.
             let t1 = Instant::now();
-            let mine = [
-                slice.len() as f64,
-                compute_s,
-                local.loss_sum,
-                cpu.interference_s,
-                cpu.cpu_share,
-            ];
+            let mine = [slice.len() as f64, compute_s, local.loss_sum, cpu.interference_s, cpu.cpu_share];
             comm.all_gather_into(&mine, &mut all);
             let wait_s = t1.elapsed().as_secs_f64();
 
@@ -208,13 +174,8 @@ pub fn train(
             }
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
             opt.step(&mut model.params, &global_grad, lr);
-            let obs: Vec<Observation> = all
-                .chunks_exact(STATS)
-                .map(|s| Observation {
-                    batch: s[0] as usize,
-                    compute_s: s[1],
-                })
-                .collect();
+            let obs: Vec<Observation> =
+                all.chunks_exact(STATS).map(|s| Observation { batch: s[0] as usize, compute_s: s[1] }).collect();
             balancer.observe(&obs);
 
             let iter_s = t_iter.elapsed().as_secs_f64();
@@ -239,19 +200,11 @@ pub fn train(
                 samples_per_s: batch.len() as f64 / iter_s,
             });
             bar.set_position(iter as u64 + 1);
-            bar.set_message(format!(
-                "loss {loss:.4}  {:.0} samples/s  b={sizes:?}",
-                batch.len() as f64 / iter_s
-            ));
+            bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
             iter += 1;
             pos = (epoch, t + 1);
             if opts.checkpoint_every.is_some_and(|k| iter % k == 0) {
-                save(
-                    &progress_at(iter, pos, epoch_loss, &evals),
-                    &model,
-                    &opt,
-                    &balancer,
-                )?;
+                save(&progress_at(iter, pos, epoch_loss, &evals), &model, &opt, &balancer)?;
                 last_saved = Some(iter);
             }
         }
@@ -279,12 +232,7 @@ pub fn train(
     }
     bar.finish_and_clear();
     if iter > start.step && last_saved != Some(iter) {
-        save(
-            &progress_at(iter, pos, epoch_loss, &evals),
-            &model,
-            &opt,
-            &balancer,
-        )?;
+        save(&progress_at(iter, pos, epoch_loss, &evals), &model, &opt, &balancer)?;
     }
 
     // Wait and transfer times are per rank but only known after the stats collective, so they are
@@ -297,12 +245,7 @@ pub fn train(
         w.flush()?;
     }
     if evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
-        evals.push(evaluate(
-            &mut model,
-            &data.test,
-            comm,
-            epochs_run.saturating_sub(1),
-        ));
+        evals.push(evaluate(&mut model, &data.test, comm, epochs_run.saturating_sub(1)));
     }
     let last = *evals.last().expect("evaluated at least once");
     let samples: usize = records.iter().map(|r| r.global_batch).sum();
@@ -325,19 +268,10 @@ pub fn train(
 }
 
 /// Loss and accuracy on `test`, each rank taking a contiguous shard, reduced over ranks.
-pub fn evaluate(
-    model: &mut Model,
-    test: &Dataset,
-    comm: &dyn Communicator,
-    epoch: usize,
-) -> EvalResult {
+pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoch: usize) -> EvalResult {
     let shard = slice_for(&equal_split(test.len(), comm.world_size()), comm.rank());
     let idx: Vec<usize> = shard.collect();
-    let mode = Mode {
-        train: false,
-        seed: 0,
-        epoch: epoch as u64,
-    };
+    let mode = Mode { train: false, seed: 0, epoch: epoch as u64 };
     let mut sums = [0.0f64; 3];
     for chunk in idx.chunks(model.capacity()) {
         let (x, y, ids) = model.input_mut(chunk.len());
@@ -350,12 +284,7 @@ pub fn evaluate(
     }
     let mut tot = [0.0f64; 3];
     comm.all_reduce_sum_f64_into(&sums, &mut tot);
-    EvalResult {
-        epoch,
-        loss: tot[0] / tot[2].max(1.0),
-        accuracy: tot[1] / tot[2].max(1.0),
-        samples: tot[2] as usize,
-    }
+    EvalResult { epoch, loss: tot[0] / tot[2].max(1.0), accuracy: tot[1] / tot[2].max(1.0), samples: tot[2] as usize }
 }
 
 /// The checkpoint's balancer when it was written on as many ranks with the same settings, else
@@ -364,20 +293,14 @@ fn continued_balancer(fresh: Balancer, r: &checkpoint::Resumed, rank0: bool) -> 
     let saved = &r.state.balancer;
     let world = fresh.sizes().len();
     let why = if r.state.world_size != world {
-        format!(
-            "was written on {} rank(s), this run has {world}",
-            r.state.world_size
-        )
+        format!("was written on {} rank(s), this run has {world}", r.state.world_size)
     } else if saved.cfg != fresh.cfg || saved.global_batch != fresh.global_batch {
         "was written with other [balance] settings".to_string()
     } else {
         return saved.clone();
     };
     if rank0 {
-        eprintln!(
-            "lbbsp: {} {why}: the balancer restarts from the equal split",
-            r.dir.display()
-        );
+        eprintln!("lbbsp: {} {why}: the balancer restarts from the equal split", r.dir.display());
     }
     fresh
 }
@@ -388,13 +311,7 @@ fn progress_at(
     epoch_loss: (f64, usize),
     evals: &[EvalResult],
 ) -> Progress {
-    Progress {
-        step,
-        epoch,
-        batch_in_epoch,
-        epoch_loss,
-        evals: evals.to_vec(),
-    }
+    Progress { step, epoch, batch_in_epoch, epoch_loss, evals: evals.to_vec() }
 }
 
 fn column(all: &[f64], k: usize) -> Vec<f64> {
@@ -404,10 +321,7 @@ fn column(all: &[f64], k: usize) -> Vec<f64> {
 /// Replaces each record's one-element `wait_s`/`comm_s` (this rank's) with the per-rank arrays.
 fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
     let world = comm.world_size();
-    let mine: Vec<f64> = records
-        .iter()
-        .flat_map(|r| [r.wait_s[0], r.comm_s[0]])
-        .collect();
+    let mine: Vec<f64> = records.iter().flat_map(|r| [r.wait_s[0], r.comm_s[0]]).collect();
     let mut all = vec![0.0; mine.len() * world];
     comm.all_gather_into(&mine, &mut all);
     let per_rank = mine.len();
@@ -424,9 +338,7 @@ fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
             // job would), then spin to the deadline: waking an idle (virtual) CPU can take a
             // millisecond or more, a fixed cost the factor does not ask for.
             let deadline = Instant::now() + took.mul_f64(s.factor - 1.0);
-            if let Some(nap) =
-                deadline.checked_duration_since(Instant::now() + Duration::from_millis(2))
-            {
+            if let Some(nap) = deadline.checked_duration_since(Instant::now() + Duration::from_millis(2)) {
                 std::thread::sleep(nap);
             }
             while Instant::now() < deadline {
@@ -442,10 +354,8 @@ fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
     }
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .expect("valid template"),
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("valid template"),
     );
     bar
 }

@@ -43,7 +43,8 @@ fn optimum(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> f64 {
         cands.push(l.at(lo));
         cands.push(l.at(hi));
     }
-    let (mut a, mut b) = (cands.iter().cloned().fold(f64::INFINITY, f64::min), cands.iter().cloned().fold(0.0, f64::max));
+    let (mut a, mut b) =
+        (cands.iter().cloned().fold(f64::INFINITY, f64::min), cands.iter().cloned().fold(0.0, f64::max));
     for _ in 0..200 {
         let m = 0.5 * (a + b);
         if lines.iter().zip(bounds).all(|(l, &(lo, _))| l.at(lo) <= m) && fits(m) >= total {

@@ -24,9 +24,7 @@ fn bytes(p: &Path) -> Vec<u8> {
 fn resume_is_bitwise(name: &str, args: &[&str], stop: usize, iters: usize) {
     let dir = scratch(name);
     let (a, b) = (dir.join("a"), dir.join("b"));
-    let with = |extra: &[&str]| -> Vec<String> {
-        args.iter().chain(extra).map(|x| x.to_string()).collect()
-    };
+    let with = |extra: &[&str]| -> Vec<String> { args.iter().chain(extra).map(|x| x.to_string()).collect() };
     let run = |v: Vec<String>| lbbsp_ok(2, &v.iter().map(String::as_str).collect::<Vec<_>>());
     let full = format!("train.max_iters={iters}");
     run(with(&["-q", "--set", &full, "--checkpoint-dir", s(&a)]));
@@ -40,29 +38,12 @@ fn resume_is_bitwise(name: &str, args: &[&str], stop: usize, iters: usize) {
         "100",
     ]));
     let m = dir.join("resumed.jsonl");
-    let resumed = run(with(&[
-        "-q",
-        "--set",
-        &full,
-        "--resume",
-        s(&b),
-        "--checkpoint-every",
-        "100",
-        "--metrics",
-        s(&m),
-    ]));
+    let resumed =
+        run(with(&["-q", "--set", &full, "--resume", s(&b), "--checkpoint-every", "100", "--metrics", s(&m)]));
     let records = lbbsp::metrics::read_records(&m).unwrap();
-    assert_eq!(
-        (records.len(), records[0].iter),
-        (iters - stop, stop),
-        "the resumed run continues at iteration {stop}"
-    );
+    assert_eq!((records.len(), records[0].iter), (iters - stop, stop), "the resumed run continues at iteration {stop}");
     let from = format!("resuming from {}", s(&b.join(format!("step-{stop}"))));
-    assert!(
-        stderr(&resumed).contains(&from),
-        "expected `{from}` in:\n{}",
-        stderr(&resumed)
-    );
+    assert!(stderr(&resumed).contains(&from), "expected `{from}` in:\n{}", stderr(&resumed));
     let last = format!("step-{iters}");
     for file in ["model.safetensors", "optimizer.safetensors"] {
         let (x, y) = (a.join(&last).join(file), b.join(&last).join(file));
@@ -79,12 +60,7 @@ fn resume_is_bitwise(name: &str, args: &[&str], stop: usize, iters: usize) {
 /// across the epoch boundary (469 iterations per epoch).
 #[test]
 fn resume_is_bitwise_identical_sgd_mnist_2_ranks() {
-    resume_is_bitwise(
-        "bitwise-sgd",
-        &["train", "mnist-mlp", "--set", "train.epochs=2"],
-        250,
-        600,
-    );
+    resume_is_bitwise("bitwise-sgd", &["train", "mnist-mlp", "--set", "train.epochs=2"], 250, 600);
 }
 
 /// digits-mlp under AdamW with gradient clipping (moment buffers and the step count restored).
@@ -124,9 +100,7 @@ fn two_checkpoints(dir: &Path) -> PathBuf {
             "20",
         ],
     );
-    assert!(
-        ck.join("step-20/state.json").is_file() && ck.join("step-40/model.safetensors").is_file()
-    );
+    assert!(ck.join("step-20/state.json").is_file() && ck.join("step-40/model.safetensors").is_file());
     ck
 }
 
@@ -152,37 +126,21 @@ fn damaged_checkpoint_is_refused_by_name_and_the_previous_one_is_used() {
     // Truncated: refused when named explicitly, on one rank and on two.
     std::fs::write(&model, &good[..good.len() / 2]).unwrap();
     for ranks in [0, 2] {
-        fails_naming(
-            ranks,
-            &["train", "digits-mlp", "-q", "--resume", s(&newest)],
-            &[s(&model), "truncated"],
-        );
+        fails_naming(ranks, &["train", "digits-mlp", "-q", "--resume", s(&newest)], &[s(&model), "truncated"]);
     }
     // Same length, one flipped bit: caught by the digest.
     let mut flipped = good.clone();
     let k = flipped.len() - 3;
     flipped[k] ^= 0x10;
     std::fs::write(&model, &flipped).unwrap();
-    fails_naming(
-        2,
-        &["train", "digits-mlp", "-q", "--resume", s(&newest)],
-        &[s(&model), "sha256"],
-    );
-    fails_naming(
-        0,
-        &["eval", "digits-mlp", "--weights", s(&model)],
-        &[s(&model), "sha256"],
-    );
+    fails_naming(2, &["train", "digits-mlp", "-q", "--resume", s(&newest)], &[s(&model), "sha256"]);
+    fails_naming(0, &["eval", "digits-mlp", "--weights", s(&model)], &[s(&model), "sha256"]);
     // A garbled state file.
     let state = newest.join("state.json");
     let state_text = std::fs::read_to_string(&state).unwrap();
     std::fs::write(&model, &good).unwrap();
     std::fs::write(&state, &state_text[..state_text.len() / 3]).unwrap();
-    fails_naming(
-        2,
-        &["train", "digits-mlp", "-q", "--resume", s(&newest)],
-        &[s(&state)],
-    );
+    fails_naming(2, &["train", "digits-mlp", "-q", "--resume", s(&newest)], &[s(&state)]);
     std::fs::write(&state, &state_text).unwrap();
     // A damaged optimizer file, then resuming from the folder: warning naming step-40, step-20 used,
     // and the run rewrites a valid step-40.
@@ -191,33 +149,12 @@ fn damaged_checkpoint_is_refused_by_name_and_the_previous_one_is_used() {
     std::fs::write(&opt, &opt_good[..100]).unwrap();
     let out = lbbsp_ok(
         2,
-        &[
-            "train",
-            "digits-mlp",
-            "-q",
-            "--set",
-            "train.max_iters=60",
-            "--resume",
-            s(&ck),
-            "--checkpoint-every",
-            "20",
-        ],
+        &["train", "digits-mlp", "-q", "--set", "train.max_iters=60", "--resume", s(&ck), "--checkpoint-every", "20"],
     );
     let err = stderr(&out);
-    assert!(
-        err.contains(&format!("warning: skipping checkpoint {}", s(&newest)))
-            && err.contains(s(&opt)),
-        "{err}"
-    );
-    assert!(
-        err.contains(&format!("resuming from {}", s(&ck.join("step-20")))),
-        "{err}"
-    );
-    assert_eq!(
-        bytes(&opt),
-        opt_good,
-        "the rewritten step-40 equals the one damaged (same run, bitwise)"
-    );
+    assert!(err.contains(&format!("warning: skipping checkpoint {}", s(&newest))) && err.contains(s(&opt)), "{err}");
+    assert!(err.contains(&format!("resuming from {}", s(&ck.join("step-20")))), "{err}");
+    assert_eq!(bytes(&opt), opt_good, "the rewritten step-40 equals the one damaged (same run, bitwise)");
     assert!(ck.join("step-60/model.safetensors").is_file());
 }
 
@@ -227,38 +164,14 @@ fn resume_refuses_another_recipe_and_fresh_runs_refuse_a_used_folder() {
     let ck = two_checkpoints(&dir);
     fails_naming(
         2,
-        &[
-            "train",
-            "digits-mlp",
-            "-q",
-            "--set",
-            "train.seed=9",
-            "--resume",
-            s(&ck),
-        ],
+        &["train", "digits-mlp", "-q", "--set", "train.seed=9", "--resume", s(&ck)],
         &["state.json", "train.seed"],
     );
-    fails_naming(
-        0,
-        &["train", "mnist-mlp", "-q", "--resume", s(&ck)],
-        &["state.json", "data"],
-    );
-    fails_naming(
-        2,
-        &["train", "digits-mlp", "-q", "--checkpoint-dir", s(&ck)],
-        &[s(&ck), "step-40", "--resume"],
-    );
-    fails_naming(
-        0,
-        &["train", "digits-mlp", "-q", "--checkpoint-every", "5"],
-        &["--checkpoint-dir"],
-    );
+    fails_naming(0, &["train", "mnist-mlp", "-q", "--resume", s(&ck)], &["state.json", "data"]);
+    fails_naming(2, &["train", "digits-mlp", "-q", "--checkpoint-dir", s(&ck)], &[s(&ck), "step-40", "--resume"]);
+    fails_naming(0, &["train", "digits-mlp", "-q", "--checkpoint-every", "5"], &["--checkpoint-dir"]);
     let missing = dir.join("nothing-here");
-    fails_naming(
-        0,
-        &["train", "digits-mlp", "-q", "--resume", s(&missing)],
-        &[s(&missing)],
-    );
+    fails_naming(0, &["train", "digits-mlp", "-q", "--resume", s(&missing)], &[s(&missing)]);
 }
 
 /// Resuming on 3 ranks from a 2-rank checkpoint works, with the balancer back at the equal split.
@@ -269,23 +182,9 @@ fn resume_on_another_world_size_resets_the_balancer() {
     let m = dir.join("m.jsonl");
     let out = lbbsp_ok(
         3,
-        &[
-            "train",
-            "digits-mlp",
-            "-q",
-            "--set",
-            "train.max_iters=50",
-            "--resume",
-            s(&ck),
-            "--metrics",
-            s(&m),
-        ],
+        &["train", "digits-mlp", "-q", "--set", "train.max_iters=50", "--resume", s(&ck), "--metrics", s(&m)],
     );
-    assert!(
-        stderr(&out).contains("restarts from the equal split"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("restarts from the equal split"), "{}", stderr(&out));
     let records = lbbsp::metrics::read_records(&m).unwrap();
     assert_eq!((records.len(), records[0].iter), (10, 40));
     assert_eq!(records[0].batch_sizes.len(), 3);
@@ -296,42 +195,16 @@ fn resume_on_another_world_size_resets_the_balancer() {
 fn lbbsp_resume_continues_the_balancers_sizes() {
     let dir = scratch("lbbsp");
     let ck = dir.join("ck");
-    let common = [
-        "train",
-        "mnist-mlp",
-        "-q",
-        "--set",
-        "balance.policy=lbbsp",
-        "--slowdown",
-        "1:3.0@0",
-    ];
-    let first: Vec<&str> = common
-        .iter()
-        .copied()
-        .chain(["--set", "train.max_iters=40", "--checkpoint-dir", s(&ck)])
-        .collect();
+    let common = ["train", "mnist-mlp", "-q", "--set", "balance.policy=lbbsp", "--slowdown", "1:3.0@0"];
+    let first: Vec<&str> =
+        common.iter().copied().chain(["--set", "train.max_iters=40", "--checkpoint-dir", s(&ck)]).collect();
     lbbsp_ok(2, &first);
-    let state: serde_json::Value =
-        serde_json::from_slice(&bytes(&ck.join("step-40/state.json"))).unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&bytes(&ck.join("step-40/state.json"))).unwrap();
     let saved: Vec<usize> = serde_json::from_value(state["balancer"]["sizes"].clone()).unwrap();
-    assert_ne!(
-        saved,
-        [64, 64],
-        "the slowed rank should have been given less by iteration 40"
-    );
+    assert_ne!(saved, [64, 64], "the slowed rank should have been given less by iteration 40");
     let m = dir.join("m.jsonl");
-    let second: Vec<&str> = common
-        .iter()
-        .copied()
-        .chain([
-            "--set",
-            "train.max_iters=45",
-            "--resume",
-            s(&ck),
-            "--metrics",
-            s(&m),
-        ])
-        .collect();
+    let second: Vec<&str> =
+        common.iter().copied().chain(["--set", "train.max_iters=45", "--resume", s(&ck), "--metrics", s(&m)]).collect();
     lbbsp_ok(2, &second);
     let records = lbbsp::metrics::read_records(&m).unwrap();
     assert_eq!(records[0].iter, 40);
@@ -345,33 +218,13 @@ fn eval_of_a_checkpoint_reproduces_the_summary() {
     let (ck, sum) = (dir.join("ck"), dir.join("s.json"));
     lbbsp_ok(
         2,
-        &[
-            "train",
-            "digits-mlp",
-            "-q",
-            "--set",
-            "train.epochs=3",
-            "--checkpoint-dir",
-            s(&ck),
-            "--summary",
-            s(&sum),
-        ],
+        &["train", "digits-mlp", "-q", "--set", "train.epochs=3", "--checkpoint-dir", s(&ck), "--summary", s(&sum)],
     );
     let summary = summary(&sum);
     let step = ck.join(format!("step-{}", summary.iterations));
     for (ranks, weights) in [(0, step.join("model.safetensors")), (2, step.clone())] {
         let e = dir.join(format!("eval{ranks}.json"));
-        let out = lbbsp_ok(
-            ranks,
-            &[
-                "eval",
-                "digits-mlp",
-                "--weights",
-                s(&weights),
-                "--summary",
-                s(&e),
-            ],
-        );
+        let out = lbbsp_ok(ranks, &["eval", "digits-mlp", "--weights", s(&weights), "--summary", s(&e)]);
         let v: serde_json::Value = serde_json::from_slice(&bytes(&e)).unwrap();
         assert_eq!(
             v["test_accuracy"].as_f64().unwrap(),
@@ -396,9 +249,7 @@ fn python_venv() -> PathBuf {
         return py;
     }
     let run = |cmd: &mut Command, what: &str| {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("{what}: cannot start {:?}: {e}", cmd.get_program()));
+        let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start {:?}: {e}", cmd.get_program()));
         assert!(
             out.status.success(),
             "{what} failed (needs python3 with venv, e.g. apt-get install python3-venv, and access to PyPI):\n{}\n{}",
@@ -407,20 +258,9 @@ fn python_venv() -> PathBuf {
         );
     };
     let _ = std::fs::remove_dir_all(&venv);
+    run(Command::new("python3").args(["-m", "venv", s(&venv)]), "python3 -m venv");
     run(
-        Command::new("python3").args(["-m", "venv", s(&venv)]),
-        "python3 -m venv",
-    );
-    run(
-        Command::new(&py).args([
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "-q",
-            "-r",
-            s(&req),
-        ]),
+        Command::new(&py).args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", s(&req)]),
         "pip install from PyPI",
     );
     std::fs::copy(&req, &stamp).unwrap();
@@ -436,35 +276,14 @@ fn python_safetensors_loads_weights_and_reproduces_accuracy() {
     let (ck, sum) = (dir.join("ck"), dir.join("s.json"));
     lbbsp_ok(
         2,
-        &[
-            "train",
-            "mnist-mlp",
-            "-q",
-            "--set",
-            "train.epochs=1",
-            "--checkpoint-dir",
-            s(&ck),
-            "--summary",
-            s(&sum),
-        ],
+        &["train", "mnist-mlp", "-q", "--set", "train.epochs=1", "--checkpoint-dir", s(&ck), "--summary", s(&sum)],
     );
     let summary = summary(&sum);
     let weights = ck.join(format!("step-{}/model.safetensors", summary.iterations));
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/check_safetensors.py"
-    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/check_safetensors.py");
     let acc = format!("{}", summary.test_accuracy);
     let out = Command::new(&py)
-        .args([
-            script,
-            "--weights",
-            s(&weights),
-            "--data",
-            s(&data_dir()),
-            "--expected-accuracy",
-            &acc,
-        ])
+        .args([script, "--weights", s(&weights), "--data", s(&data_dir()), "--expected-accuracy", &acc])
         .output()
         .expect("run python");
     assert!(

@@ -81,7 +81,10 @@ fn bad_slowdown_argument() {
 #[test]
 fn fetch_from_mirror_then_verify() {
     let dir = scratch("fetch");
-    let out = lbbsp_ok(0, &["data", "fetch", "digits", "--data-dir", dir.to_str().unwrap(), "--mirror", data_dir().to_str().unwrap()]);
+    let out = lbbsp_ok(
+        0,
+        &["data", "fetch", "digits", "--data-dir", dir.to_str().unwrap(), "--mirror", data_dir().to_str().unwrap()],
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("digits"));
     lbbsp_ok(0, &["data", "verify", "digits", "--data-dir", dir.to_str().unwrap()]);
 }

@@ -12,9 +12,7 @@ use lbbsp::{idx, manifest};
 fn data_dir() -> PathBuf {
     std::env::var_os("LBBSP_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/datasets"))
-        })
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/datasets")))
 }
 
 /// A fresh, empty scratch folder unique to this process and `tag`.
@@ -26,13 +24,7 @@ fn scratch(tag: &str) -> Result<PathBuf> {
 }
 
 fn load(name: &str, scale: f32, test_fraction: Option<f32>) -> Result<Splits> {
-    let cfg = DataConfig {
-        dataset: name.into(),
-        scale,
-        standardize: Standardize::None,
-        test_fraction,
-        split_seed: 0,
-    };
+    let cfg = DataConfig { dataset: name.into(), scale, standardize: Standardize::None, test_fraction, split_seed: 0 };
     Ok(dataset::load(&cfg, &data_dir())?)
 }
 
@@ -50,11 +42,7 @@ fn check_images(s: &Splits, first_train: u32, first_test: u32) {
     assert_eq!(s.train.x.len(), 60000 * 784);
     assert_eq!((s.train.y[0], s.test.y[0]), (first_train, first_test));
     assert!(class_counts(&s.train.y, 10).iter().all(|&c| c > 5000));
-    let (lo, hi) = s
-        .train
-        .x
-        .iter()
-        .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+    let (lo, hi) = s.train.x.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
     assert_eq!((lo, hi), (0.0, 1.0), "pixels 0..255 divided by scale 255");
 }
 
@@ -79,10 +67,7 @@ fn a9a_has_123_features_even_in_the_test_split() -> Result<()> {
     assert_eq!((s.train.dim(), s.test.dim()), (123, 123));
     assert_eq!(class_counts(&s.train.y, 2), vec![24720, 7841]);
     assert_eq!(class_counts(&s.test.y, 2), vec![12435, 3846]);
-    assert!(
-        s.test.x.chunks_exact(123).all(|r| r[122] == 0.0),
-        "a9a.t never uses feature 123"
-    );
+    assert!(s.test.x.chunks_exact(123).all(|r| r[122] == 0.0), "a9a.t never uses feature 123");
     assert!(s.train.x.chunks_exact(123).any(|r| r[122] == 1.0));
     Ok(())
 }
@@ -93,12 +78,7 @@ fn digits_is_split_by_test_fraction() -> Result<()> {
     assert_eq!(s.train.len() + s.test.len(), 1797);
     assert_eq!(s.test.len(), 359); // round(1797 × 0.2)
     assert_eq!(s.train.dim(), 64);
-    assert!(s
-        .train
-        .x
-        .iter()
-        .chain(&s.test.x)
-        .all(|v| (0.0..=1.0).contains(v)));
+    assert!(s.train.x.iter().chain(&s.test.x).all(|v| (0.0..=1.0).contains(v)));
     let m = load("digits", 16.0, None).unwrap_err().to_string();
     assert!(m.contains("data.test_fraction"), "{m}");
     Ok(())
@@ -137,10 +117,7 @@ fn corrupted_copy_fails_the_checksum_with_the_fetch_fix() -> Result<()> {
     assert!(m.contains("lbbsp data fetch digits"), "{m}");
     std::fs::remove_dir_all(&dir)?;
     let m = dataset::load(&cfg, &dir).unwrap_err().to_string();
-    assert!(
-        m.contains("missing data file") && m.contains("digits.csv.gz"),
-        "{m}"
-    );
+    assert!(m.contains("missing data file") && m.contains("digits.csv.gz"), "{m}");
     Ok(())
 }
 
@@ -149,19 +126,10 @@ fn fetch_from_mirror_copies_verifies_then_skips() -> Result<()> {
     let dir = scratch("fetch")?;
     for name in manifest::names()? {
         let first = fetch::fetch(name, &dir, Some(&data_dir()))?;
-        assert!(
-            first
-                .files
-                .iter()
-                .all(|f| matches!(f.action, FetchAction::Copied { .. })),
-            "{first}"
-        );
+        assert!(first.files.iter().all(|f| matches!(f.action, FetchAction::Copied { .. })), "{first}");
         manifest::verify(manifest::spec(name)?, &dir)?;
         let again = fetch::fetch(name, &dir, Some(&data_dir()))?;
-        assert!(
-            again.files.iter().all(|f| f.action == FetchAction::Skipped),
-            "{again}"
-        );
+        assert!(again.files.iter().all(|f| f.action == FetchAction::Skipped), "{again}");
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
@@ -174,14 +142,9 @@ fn mirror_without_the_file_says_what_to_do() -> Result<()> {
     let rel = "mnist/train-labels-idx1-ubyte.gz";
     std::fs::create_dir_all(mirror.join("mnist"))?;
     std::fs::copy(data_dir().join(rel), mirror.join(rel))?;
-    let m = fetch::fetch("mnist", &dest, Some(&mirror))
-        .unwrap_err()
-        .to_string();
+    let m = fetch::fetch("mnist", &dest, Some(&mirror)).unwrap_err().to_string();
     assert!(m.contains("mnist/train-images-idx3-ubyte.gz"), "{m}");
-    assert!(
-        m.contains("copy that file into the mirror") && m.contains("without --mirror"),
-        "{m}"
-    );
+    assert!(m.contains("copy that file into the mirror") && m.contains("without --mirror"), "{m}");
     let left: Vec<_> = std::fs::read_dir(dest.join("mnist"))?.collect::<std::io::Result<_>>()?;
     assert!(left.is_empty(), "no partial file left: {left:?}");
     std::fs::remove_dir_all(&root)?;
@@ -190,11 +153,6 @@ fn mirror_without_the_file_says_what_to_do() -> Result<()> {
 
 #[test]
 fn unknown_data_set_lists_the_known_ones() {
-    let m = fetch::fetch("cifar-10", Path::new("unused"), None)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        m.contains("data.dataset") && m.contains("fashion-mnist"),
-        "{m}"
-    );
+    let m = fetch::fetch("cifar-10", Path::new("unused"), None).unwrap_err().to_string();
+    assert!(m.contains("data.dataset") && m.contains("fashion-mnist"), "{m}");
 }

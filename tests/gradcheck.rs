@@ -11,20 +11,13 @@ use lbbsp::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 use lbbsp::residual::Residual;
 use lbbsp::rng::Rng;
 
-const MODE: Mode = Mode {
-    train: true,
-    seed: 0,
-    epoch: 0,
-};
+const MODE: Mode = Mode { train: true, seed: 0, epoch: 0 };
 
 /// Loss `Σ r ⊙ y(x, p)` in f64 from an f32 forward pass.
 fn projected(layer: &mut dyn Layer, p: &[f32], x: &[f32], r: &[f32], b: usize) -> f64 {
     let mut y = vec![0.0; r.len()];
     let ids: Vec<usize> = (0..b).collect();
-    let pass = Pass {
-        mode: MODE,
-        sample_ids: &ids,
-    };
+    let pass = Pass { mode: MODE, sample_ids: &ids };
     layer.forward(p, x, &mut y, b, &pass);
     y.iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
 }
@@ -50,11 +43,7 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
     let in_len = x.len() / b;
     let mut rng = Rng::from_keys(&[43, in_len as u64]);
     let out_len: usize = layer.out_shape().iter().product();
-    let n_params: usize = layer
-        .param_shapes()
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>())
-        .sum();
+    let n_params: usize = layer.param_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     let mut p = vec![0.0; n_params];
     layer.init(&mut p, &mut rng);
     // Move parameters off their initial values (GroupNorm starts at exactly γ = 1, β = 0).
@@ -63,16 +52,7 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
     let r: Vec<f32> = (0..b * out_len).map(|_| rng.uniform(1.0)).collect();
     let mut y = vec![0.0; b * out_len];
     let ids: Vec<usize> = (0..b).collect();
-    layer.forward(
-        &p,
-        &x,
-        &mut y,
-        b,
-        &Pass {
-            mode: MODE,
-            sample_ids: &ids,
-        },
-    );
+    layer.forward(&p, &x, &mut y, b, &Pass { mode: MODE, sample_ids: &ids });
     // Backward overwrites its outputs: start them at NaN.
     let mut g = vec![f32::NAN; n_params];
     let mut dx = vec![f32::NAN; b * in_len];
@@ -84,31 +64,19 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
         let (mut pp, mut pm) = (p.clone(), p.clone());
         pp[i] += eps;
         pm[i] -= eps;
-        let fd = (projected(layer, &pp, &x, &r, b) - projected(layer, &pm, &x, &r, b))
-            / (2.0 * eps as f64);
+        let fd = (projected(layer, &pp, &x, &r, b) - projected(layer, &pm, &x, &r, b)) / (2.0 * eps as f64);
         let err = (fd - g[i] as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
-        assert!(
-            err < 2e-3,
-            "{} param {i}: finite difference {fd} vs backward {}",
-            layer.kind(),
-            g[i]
-        );
+        assert!(err < 2e-3, "{} param {i}: finite difference {fd} vs backward {}", layer.kind(), g[i]);
     }
     for i in 0..x.len() {
         let (mut xp, mut xm) = (x.clone(), x.clone());
         xp[i] += eps;
         xm[i] -= eps;
-        let fd = (projected(layer, &p, &xp, &r, b) - projected(layer, &p, &xm, &r, b))
-            / (2.0 * eps as f64);
+        let fd = (projected(layer, &p, &xp, &r, b) - projected(layer, &p, &xm, &r, b)) / (2.0 * eps as f64);
         let err = (fd - dx[i] as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
-        assert!(
-            err < 2e-3,
-            "{} input {i}: finite difference {fd} vs backward {}",
-            layer.kind(),
-            dx[i]
-        );
+        assert!(err < 2e-3, "{} input {i}: finite difference {fd} vs backward {}", layer.kind(), dx[i]);
     }
     eprintln!("{}: worst relative error {worst:.2e}", layer.kind());
 }
@@ -156,24 +124,13 @@ fn conv2d_one_by_one_strided_and_large_kernel() {
 
 /// Distinct inputs at least 0.05 apart, so a ±1e-2 step never changes which input wins a window.
 fn separated(n: usize, key: u64) -> Vec<f32> {
-    lbbsp::rng::permutation(n, &[key])
-        .into_iter()
-        .map(|k| k as f32 * 0.05 - n as f32 * 0.025)
-        .collect()
+    lbbsp::rng::permutation(n, &[key]).into_iter().map(|k| k as f32 * 0.05 - n as f32 * 0.025).collect()
 }
 
 #[test]
 fn max_pool2d() {
-    check_at(
-        &mut MaxPool2d::new([2, 6, 5], 2, 2),
-        &separated(2 * 60, 1),
-        2,
-    );
-    check_at(
-        &mut MaxPool2d::new([1, 5, 5], 3, 1),
-        &separated(2 * 25, 2),
-        2,
-    );
+    check_at(&mut MaxPool2d::new([2, 6, 5], 2, 2), &separated(2 * 60, 1), 2);
+    check_at(&mut MaxPool2d::new([1, 5, 5], 3, 1), &separated(2 * 25, 2), 2);
 }
 
 #[test]
@@ -184,14 +141,7 @@ fn avg_pool2d() {
 
 #[test]
 fn global_avg_pool() {
-    check(
-        &mut GlobalAvgPool {
-            input: vec![3, 4, 2],
-        },
-        24,
-        2,
-        false,
-    );
+    check(&mut GlobalAvgPool { input: vec![3, 4, 2] }, 24, 2, false);
 }
 
 /// Training mode, with the same `Pass` for every evaluation, so the mask is fixed.
@@ -214,30 +164,16 @@ fn residual_block() {
     let body: Vec<Box<dyn Layer>> = vec![
         Box::new(Conv2d::new([2, 5, 5], 4, 3, 2, 1)),
         Box::new(GroupNorm::new(2, vec![4, 3, 3])),
-        Box::new(Tanh {
-            shape: vec![4, 3, 3],
-        }),
+        Box::new(Tanh { shape: vec![4, 3, 3] }),
         Box::new(Conv2d::new([4, 3, 3], 4, 3, 1, 1)),
     ];
-    let shortcut: Vec<Box<dyn Layer>> = vec![
-        Box::new(Conv2d::new([2, 5, 5], 4, 1, 2, 0)),
-        Box::new(GroupNorm::new(2, vec![4, 3, 3])),
-    ];
-    let mut block = Residual::new(
-        Chain::new(&[2, 5, 5], body),
-        Chain::new(&[2, 5, 5], shortcut),
-    );
+    let shortcut: Vec<Box<dyn Layer>> =
+        vec![Box::new(Conv2d::new([2, 5, 5], 4, 1, 2, 0)), Box::new(GroupNorm::new(2, vec![4, 3, 3]))];
+    let mut block = Residual::new(Chain::new(&[2, 5, 5], body), Chain::new(&[2, 5, 5], shortcut));
     check(&mut block, 50, 3, false);
-    let body: Vec<Box<dyn Layer>> = vec![
-        Box::new(Conv2d::new([3, 4, 4], 3, 3, 1, 1)),
-        Box::new(Tanh {
-            shape: vec![3, 4, 4],
-        }),
-    ];
-    let mut block = Residual::new(
-        Chain::new(&[3, 4, 4], body),
-        Chain::new(&[3, 4, 4], Vec::new()),
-    );
+    let body: Vec<Box<dyn Layer>> =
+        vec![Box::new(Conv2d::new([3, 4, 4], 3, 3, 1, 1)), Box::new(Tanh { shape: vec![3, 4, 4] })];
+    let mut block = Residual::new(Chain::new(&[3, 4, 4], body), Chain::new(&[3, 4, 4], Vec::new()));
     check(&mut block, 48, 2, false);
 }
 
@@ -272,12 +208,7 @@ fn check_model(spec: ModelSpec, in_shape: &[usize], classes: usize, b: usize) {
 #[test]
 fn mlp_with_softmax_cross_entropy() {
     let spec = ModelSpec {
-        layers: vec![
-            LayerSpec::Flatten,
-            LayerSpec::Linear { out: 8 },
-            LayerSpec::Tanh,
-            LayerSpec::Linear { out: 4 },
-        ],
+        layers: vec![LayerSpec::Flatten, LayerSpec::Linear { out: 8 }, LayerSpec::Tanh, LayerSpec::Linear { out: 4 }],
         loss: Loss::SoftmaxCrossEntropy,
     };
     check_model(spec, &[1, 3, 3], 4, 5);
@@ -285,10 +216,7 @@ fn mlp_with_softmax_cross_entropy() {
 
 #[test]
 fn logistic_regression() {
-    let spec = ModelSpec {
-        layers: vec![LayerSpec::Linear { out: 1 }],
-        loss: Loss::Logistic,
-    };
+    let spec = ModelSpec { layers: vec![LayerSpec::Linear { out: 1 }], loss: Loss::Logistic };
     check_model(spec, &[6], 2, 5);
 }
 
@@ -299,30 +227,14 @@ fn logistic_regression() {
 fn tiny_conv_net() {
     let spec = ModelSpec {
         layers: vec![
-            LayerSpec::Conv2d {
-                out_channels: 4,
-                kernel: 3,
-                stride: 1,
-                padding: 1,
-            },
+            LayerSpec::Conv2d { out_channels: 4, kernel: 3, stride: 1, padding: 1 },
             LayerSpec::GroupNorm { groups: 2 },
             LayerSpec::Tanh,
-            LayerSpec::MaxPool2d {
-                kernel: 2,
-                stride: None,
-            },
+            LayerSpec::MaxPool2d { kernel: 2, stride: None },
             LayerSpec::Dropout { p: 0.25 },
-            LayerSpec::Conv2d {
-                out_channels: 3,
-                kernel: 2,
-                stride: 1,
-                padding: 0,
-            },
+            LayerSpec::Conv2d { out_channels: 3, kernel: 2, stride: 1, padding: 0 },
             LayerSpec::Tanh,
-            LayerSpec::AvgPool2d {
-                kernel: 2,
-                stride: Some(1),
-            },
+            LayerSpec::AvgPool2d { kernel: 2, stride: Some(1) },
             LayerSpec::Flatten,
             LayerSpec::Linear { out: 3 },
         ],
@@ -334,34 +246,19 @@ fn tiny_conv_net() {
 /// stem conv → two residual blocks (identity, then projection) → global average pool → linear.
 #[test]
 fn tiny_residual_net() {
-    let conv = |out_channels, kernel, stride, padding| LayerSpec::Conv2d {
-        out_channels,
-        kernel,
-        stride,
-        padding,
-    };
+    let conv = |out_channels, kernel, stride, padding| LayerSpec::Conv2d { out_channels, kernel, stride, padding };
     let spec = ModelSpec {
         layers: vec![
             conv(4, 3, 1, 1),
             LayerSpec::GroupNorm { groups: 2 },
             LayerSpec::Tanh,
             LayerSpec::Residual {
-                layers: vec![
-                    conv(4, 3, 1, 1),
-                    LayerSpec::GroupNorm { groups: 2 },
-                    LayerSpec::Tanh,
-                    conv(4, 3, 1, 1),
-                ],
+                layers: vec![conv(4, 3, 1, 1), LayerSpec::GroupNorm { groups: 2 }, LayerSpec::Tanh, conv(4, 3, 1, 1)],
                 shortcut: vec![],
             },
             LayerSpec::Tanh,
             LayerSpec::Residual {
-                layers: vec![
-                    conv(6, 3, 2, 1),
-                    LayerSpec::GroupNorm { groups: 3 },
-                    LayerSpec::Tanh,
-                    conv(6, 3, 1, 1),
-                ],
+                layers: vec![conv(6, 3, 2, 1), LayerSpec::GroupNorm { groups: 3 }, LayerSpec::Tanh, conv(6, 3, 1, 1)],
                 shortcut: vec![conv(6, 1, 2, 0)],
             },
             LayerSpec::Silu,

@@ -17,8 +17,19 @@ fn slowed_rank_reaches_its_share(ranks: usize) {
     let dir = scratch(&format!("share{ranks}"));
     let m = dir.join("m.jsonl");
     let args = [
-        "train", "mnist-mlp", "-q", "--set", "train.max_iters=80", "--set", "train.global_batch=2048", "--set",
-        "balance.policy=lbbsp", "--slowdown", "1:3.0@30", "--metrics", m.to_str().unwrap(),
+        "train",
+        "mnist-mlp",
+        "-q",
+        "--set",
+        "train.max_iters=80",
+        "--set",
+        "train.global_batch=2048",
+        "--set",
+        "balance.policy=lbbsp",
+        "--slowdown",
+        "1:3.0@30",
+        "--metrics",
+        m.to_str().unwrap(),
     ];
     let out = lbbsp_pinned(ranks, &args);
     let records = read_records(&m).unwrap();
@@ -67,7 +78,19 @@ fn lbbsp_with_slowdown_keeps_the_one_rank_trajectory() {
     lbbsp_ok(0, &["train", "digits-mlp", "-q", "--set", "train.max_iters=100", "--metrics", m1.to_str().unwrap()]);
     lbbsp_ok(
         3,
-        &["train", "digits-mlp", "-q", "--set", "train.max_iters=100", "--set", "balance.policy=lbbsp", "--slowdown", "1:4.0@10", "--metrics", m3.to_str().unwrap()],
+        &[
+            "train",
+            "digits-mlp",
+            "-q",
+            "--set",
+            "train.max_iters=100",
+            "--set",
+            "balance.policy=lbbsp",
+            "--slowdown",
+            "1:4.0@10",
+            "--metrics",
+            m3.to_str().unwrap(),
+        ],
     );
     let r3 = read_records(&m3).unwrap();
     let moved = r3.iter().filter(|r| r.batch_sizes != r3[0].batch_sizes).count();

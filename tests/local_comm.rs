@@ -13,14 +13,11 @@ fn losses(path: &std::path::Path) -> Vec<f64> {
 #[test]
 fn three_thread_ranks_match_one_rank() {
     let dir = common::scratch("local");
-    let recipe = lbbsp::recipe::resolve("digits-mlp", &["train.max_iters=60".into(), "balance.policy=lbbsp".into()]).unwrap();
+    let recipe =
+        lbbsp::recipe::resolve("digits-mlp", &["train.max_iters=60".into(), "balance.policy=lbbsp".into()]).unwrap();
     let data = Arc::new(lbbsp::dataset::load(&recipe.data, &common::data_dir()).unwrap());
     let solo = dir.join("solo.jsonl");
-    let opts = RunOptions {
-        metrics: Some(solo.clone()),
-        threads: 1,
-        ..Default::default()
-    };
+    let opts = RunOptions { metrics: Some(solo.clone()), threads: 1, ..Default::default() };
     lbbsp::train(&recipe, &data, &Solo, &opts).unwrap();
 
     let local = dir.join("local.jsonl");

@@ -10,7 +10,10 @@ fn split_invariance_digits_1_2_3_ranks() {
     let mut trajectories = Vec::new();
     for ranks in [0, 2, 3] {
         let m = dir.join(format!("m{ranks}.jsonl"));
-        lbbsp_ok(ranks, &["train", "digits-mlp", "-q", "--set", "train.max_iters=100", "--metrics", m.to_str().unwrap()]);
+        lbbsp_ok(
+            ranks,
+            &["train", "digits-mlp", "-q", "--set", "train.max_iters=100", "--metrics", m.to_str().unwrap()],
+        );
         let records = lbbsp::metrics::read_records(&m).unwrap();
         assert_eq!(records.len(), 100);
         assert_eq!(records[0].batch_sizes.len(), ranks.max(1));

@@ -13,38 +13,21 @@ fn split_invariance(recipe: &str) {
     let dir = scratch(&format!("zoo-split-{recipe}"));
     let run = |ranks: usize, extra: &[&str]| {
         let m = dir.join(format!("m{ranks}.jsonl"));
-        let mut args = vec![
-            "train",
-            recipe,
-            "-q",
-            "--set",
-            "train.max_iters=50",
-            "--metrics",
-            m.to_str().unwrap(),
-        ];
+        let mut args = vec!["train", recipe, "-q", "--set", "train.max_iters=50", "--metrics", m.to_str().unwrap()];
         args.extend_from_slice(extra);
         lbbsp_ok(ranks, &args);
         lbbsp::metrics::read_records(&m).unwrap()
     };
     let solo = run(0, &[]);
-    let three = run(
-        3,
-        &["--set", "balance.policy=lbbsp", "--slowdown", "1:3.0@5"],
-    );
+    let three = run(3, &["--set", "balance.policy=lbbsp", "--slowdown", "1:3.0@5"]);
     assert_eq!((solo.len(), three.len()), (50, 50));
     let resplit = three.iter().any(|r| r.batch_sizes != three[0].batch_sizes);
-    assert!(
-        resplit,
-        "{recipe}: the balancer never changed the split, so the test proves nothing"
-    );
+    assert!(resplit, "{recipe}: the balancer never changed the split, so the test proves nothing");
     let a: Vec<f64> = solo.iter().map(|r| r.loss).collect();
     let b: Vec<f64> = three.iter().map(|r| r.loss).collect();
     let d = max_rel_diff(&a, &b, 50);
     eprintln!("{recipe}: 1 rank vs 3 ranks under lbbsp: max relative loss difference {d:.2e}");
-    assert!(
-        d <= 1e-4,
-        "{recipe}: 3 ranks under lbbsp differ from 1 rank by {d:.2e} relative"
-    );
+    assert!(d <= 1e-4, "{recipe}: 3 ranks under lbbsp differ from 1 rank by {d:.2e} relative");
 }
 
 #[test]
@@ -68,15 +51,9 @@ fn split_invariance_fashion_resnet() {
 fn accuracy(recipe: &str, target: f64) {
     let dir = scratch(&format!("zoo-acc-{recipe}"));
     let s = dir.join("s.json");
-    lbbsp_ok(
-        2,
-        &["train", recipe, "-q", "--summary", s.to_str().unwrap()],
-    );
+    lbbsp_ok(2, &["train", recipe, "-q", "--summary", s.to_str().unwrap()]);
     let sum = summary(&s);
-    eprintln!(
-        "{recipe}: test accuracy {:.4} (target {target}) in {:.0} s",
-        sum.test_accuracy, sum.wall_s
-    );
+    eprintln!("{recipe}: test accuracy {:.4} (target {target}) in {:.0} s", sum.test_accuracy, sum.wall_s);
     assert_eq!(sum.world_size, 2);
     assert!(
         sum.test_accuracy >= target,

@@ -56,7 +56,8 @@ fn launch(ranks: usize, bind: &str, args: &[&str]) -> Output {
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         // Ranks waiting in a collective yield their core (essential when ranks outnumber cores).
         .env("OMPI_MCA_mpi_yield_when_idle", "1");
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot start {:?} (is OpenMPI installed?): {e}", cmd.get_program()));
+    let out =
+        cmd.output().unwrap_or_else(|e| panic!("cannot start {:?} (is OpenMPI installed?): {e}", cmd.get_program()));
     out
 }
 
