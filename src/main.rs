@@ -233,7 +233,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
             summary.wall_s
         );
         if comm.world_size() > 1 && !args.quiet {
-            eprint!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
+            print!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
         }
     }
     Ok(())
