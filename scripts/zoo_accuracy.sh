@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Trains the model-zoo recipes in full under `mpirun -n $RANKS` (default 2) and checks each one's
 # test accuracy, read from its `--summary`, against its target. Prints one line per recipe and
-# exits non-zero if any misses. Too long for CI (fashion-resnet alone takes about TIME_RESNET on a
+# exits non-zero if any misses. Too long for CI (fashion-resnet alone takes about 12 minutes on a
 # 2-core machine); CI's tests/zoo.rs checks the two LeNet-5 recipes.
 #
 #   scripts/zoo_accuracy.sh                     # all three
