@@ -105,6 +105,7 @@ mod tests {
         assert_eq!(slice_for(&[4, 3, 3], 2), 7..10);
         assert_eq!(rescale(&[64, 32, 32], 10), vec![5, 3, 2]);
         assert_eq!(rescale(&[0, 0], 5), vec![3, 2]);
+        assert_eq!(rescale(&[7, 1, 13], 21), vec![7, 1, 13], "a full batch keeps its split");
         for total in 0..50 {
             assert_eq!(rescale(&[7, 1, 13], total).iter().sum::<usize>(), total);
         }

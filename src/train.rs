@@ -137,11 +137,8 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             let unix_s =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let batch = plan.batch(t);
-            let sizes = if batch.len() == cfg.global_batch {
-                balancer.sizes().to_vec()
-            } else {
-                rescale(balancer.sizes(), batch.len())
-            };
+            // The balancer's split of B; the short last batch of an epoch keeps its proportions.
+            let sizes = rescale(balancer.sizes(), batch.len());
             let slice = &batch[slice_for(&sizes, rank)];
             let mode = Mode { train: true, seed: cfg.seed, epoch: epoch as u64 };
 
