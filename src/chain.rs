@@ -108,11 +108,18 @@ impl Chain {
     pub fn backward(&mut self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], mut dx: Option<&mut [f32]>, b: usize) {
         let n = self.layers.len();
         assert!(n > 0 && g.len() == self.n_params(), "chain: empty, or wrong gradient slice");
-        for i in (0..n).rev() {
+        // Without a requested `dx`, nothing below the first layer with parameters needs a gradient:
+        // that layer skips its input gradient (for W1 a third of the work) and those below are skipped.
+        let lowest = if dx.is_some() { 0 } else { self.ranges.iter().position(|r| !r.is_empty()).unwrap_or(n) };
+        for i in (lowest..n).rev() {
             let io = Io { x: if i == 0 { x } else { &self.acts[i - 1] }, y: &self.acts[i], b };
             let (below, here) = self.dacts.split_at_mut(i);
             let dy_i: &[f32] = if i == n - 1 { dy } else { &here[0] };
-            let dx_i = if i == 0 { dx.take() } else { Some(&mut below[i - 1][..]) };
+            let dx_i = match i {
+                0 => dx.take(),
+                _ if i == lowest => None,
+                _ => Some(&mut below[i - 1][..]),
+            };
             let r = self.ranges[i].clone();
             self.layers[i].backward(&p[r.clone()], &mut g[r], io, dy_i, dx_i);
         }

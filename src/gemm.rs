@@ -1,8 +1,16 @@
 //! Single-precision matrix multiply used by every layer.
 //!
-//! Row-major `C (m×n) = alpha · op(A) · op(B) + beta · C`, where `op` optionally transposes. The
-//! product is split into row blocks of `C` over the rayon pool (so the per-rank thread count set at
-//! start-up governs it), each block computed by `matrixmultiply`'s packed micro-kernels.
+//! Row-major `C (m×n) = alpha · op(A) · op(B) + beta · C`, where `op` optionally transposes.
+//!
+//! On x86-64 CPUs with AVX-512 (detected at run time) the product runs on lbbsp's own packed
+//! kernel: `op(B)` is packed into 32-column panels and `op(A)` into 12-row panels (the transposes
+//! happen during packing), and a 12×32 register tile (24 zmm accumulators, broadcast A times loaded B)
+//! is updated per `k` step. Columns of `C` are split over the rayon pool in 32-aligned chunks (rows
+//! when `C` is narrow), each thread packing into its own reused buffers, so a steady-state call
+//! allocates nothing. Elsewhere `matrixmultiply`'s kernels do the work, split the same way.
+//!
+//! Each element of `C` is the same sum in the same order whatever the thread count or the other rows
+//! of `A`: the reduction over `k` is blocked identically for every tile.
 
 use rayon::prelude::*;
 
@@ -11,6 +19,14 @@ use rayon::prelude::*;
 pub enum Trans {
     N,
     T,
+}
+
+/// A strided read-only view of `op(X)`: element `(i, j)` is at `i·rs + j·cs`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
 }
 
 /// `C = alpha · op(A) · op(B) + beta · C`, all row-major; `op(A)` is `m×k`, `op(B)` is `k×n`.
@@ -35,47 +51,419 @@ pub fn gemm(
     if m == 0 || n == 0 {
         return;
     }
-    // Strides of op(A) and op(B) in row-major storage.
-    let (rsa, csa) = match ta {
-        Trans::N => (k as isize, 1),
-        Trans::T => (1, m as isize),
+    let av = match ta {
+        Trans::N => View { data: a, rs: k, cs: 1 },
+        Trans::T => View { data: a, rs: 1, cs: m },
     };
-    let (rsb, csb) = match tb {
-        Trans::N => (n as isize, 1),
-        Trans::T => (1, k as isize),
+    let bv = match tb {
+        Trans::N => View { data: b, rs: n, cs: 1 },
+        Trans::T => View { data: b, rs: 1, cs: k },
     };
     let threads = rayon::current_num_threads();
-    let flops = m * n * k;
-    let blocks = if threads > 1 && flops >= 1 << 18 { threads.min(m.div_ceil(16)).max(1) } else { 1 };
-    let rows_per = m.div_ceil(blocks);
-    // Only the row block of op(A) changes between blocks; pointers stay inside `a`, `b`, `c`.
-    let run = |row0: usize, rows: usize, cblk: &mut [f32]| {
-        let a_off = row0 as isize * rsa;
-        // SAFETY: the strides describe op(A) (m×k), op(B) (k×n) and the C block (rows×n) exactly
-        // within the slices whose lengths were asserted above; blocks of C do not overlap.
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                k,
-                n,
-                alpha,
-                a.as_ptr().offset(a_off),
-                rsa,
-                csa,
-                b.as_ptr(),
-                rsb,
-                csb,
-                beta,
-                cblk.as_mut_ptr(),
-                n as isize,
-                1,
-            )
-        }
-    };
-    if blocks == 1 {
-        run(0, m, c);
+    let parallel = threads > 1 && m * n * k >= 1 << 17;
+    let engine = Engine::detect();
+    if !parallel {
+        engine.run(m, n, k, alpha, av, bv, beta, c, n, 0, 0);
+        return;
+    }
+    // Split the columns of C when there are enough 32-wide panels to go round (each thread then packs
+    // a disjoint part of op(B)); otherwise split its rows.
+    let panels = n.div_ceil(NR);
+    let cptr = SendPtr(c.as_mut_ptr());
+    if panels >= threads {
+        let per = panels.div_ceil(threads) * NR;
+        (0..n.div_ceil(per)).into_par_iter().for_each(|t| {
+            let j0 = t * per;
+            let cols = per.min(n - j0);
+            // SAFETY: the column ranges [j0, j0+cols) of different tasks are disjoint, and `run`
+            // writes only rows 0..m of those columns, all inside `c` (length m·n, asserted above).
+            let cblk = unsafe { std::slice::from_raw_parts_mut(cptr.get().add(j0), (m - 1) * n + cols) };
+            engine.run(m, cols, k, alpha, av, bv, beta, cblk, n, 0, j0);
+        });
     } else {
-        c.par_chunks_mut(rows_per * n).enumerate().for_each(|(i, cblk)| run(i * rows_per, cblk.len() / n, cblk));
+        let per = m.div_ceil(threads).div_ceil(MR) * MR;
+        c.par_chunks_mut(per * n).enumerate().for_each(|(t, cblk)| {
+            engine.run(cblk.len() / n, n, k, alpha, av, bv, beta, cblk, n, t * per, 0);
+        });
+    }
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand disjoint column blocks of one `&mut [f32]` to rayon tasks.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Rows of the register tile (broadcast from packed A).
+const MR: usize = 12;
+/// Columns of the register tile (two 16-lane vectors of packed B).
+const NR: usize = 32;
+/// Depth of one packed block: a 12×KC panel of A and a KC×32 panel of B stay in L1 together.
+const KC: usize = 256;
+/// Rows of A packed at once (L2-resident).
+const MC: usize = 144;
+/// Columns of B packed at once.
+const NC: usize = 1024;
+
+#[derive(Clone, Copy)]
+enum Engine {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    Portable,
+}
+
+impl Engine {
+    /// AVX-512 when the CPU has it, unless `LBBSP_GEMM=portable` asks for the fallback (read once).
+    fn detect() -> Engine {
+        static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+        *ENGINE.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let portable = std::env::var("LBBSP_GEMM").is_ok_and(|v| v == "portable");
+                if !portable && std::arch::is_x86_feature_detected!("avx512f") {
+                    return Engine::Avx512;
+                }
+            }
+            Engine::Portable
+        })
+    }
+
+    /// The block of C at rows `i0..i0+m`, columns `j0..j0+n` of the whole product; `c` starts at
+    /// its first element and has row stride `ldc`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        self,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: View,
+        b: View,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+        i0: usize,
+        j0: usize,
+    ) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX-512F was detected at run time.
+            Engine::Avx512 => {
+                PACK.with_borrow_mut(|p| unsafe { avx512::run(p, m, n, k, alpha, a, b, beta, c, ldc, i0, j0) })
+            }
+            Engine::Portable => {
+                // SAFETY: the views describe op(A) rows i0.., op(B) columns j0.. inside their slices;
+                // the C block (m rows of n columns at stride ldc) lies inside `c`.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        m,
+                        k,
+                        n,
+                        alpha,
+                        a.data.as_ptr().add(i0 * a.rs),
+                        a.rs as isize,
+                        a.cs as isize,
+                        b.data.as_ptr().add(j0 * b.cs),
+                        b.rs as isize,
+                        b.cs as isize,
+                        beta,
+                        c.as_mut_ptr(),
+                        ldc as isize,
+                        1,
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// Per-thread packing buffers, grown on first use and reused.
+#[derive(Default)]
+struct Packed {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+thread_local! {
+    static PACK: std::cell::RefCell<Packed> = std::cell::RefCell::new(Packed::default());
+}
+
+/// Grows `v` to at least `len` elements plus room to start at a 64-byte boundary; returns that
+/// aligned window.
+fn aligned(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len + 16 {
+        v.resize(len + 16, 0.0);
+    }
+    let off = v.as_ptr().align_offset(64).min(15);
+    &mut v[off..off + len]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{aligned, Packed, View, KC, MC, MR, NC, NR};
+    use std::arch::x86_64::*;
+
+    /// The blocked product for one C block (see [`super::Engine::run`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `c` must hold `m` rows of `n` columns at stride `ldc`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run(
+        pack: &mut Packed,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: View,
+        b: View,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+        i0: usize,
+        j0: usize,
+    ) {
+        if k == 0 {
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
+            }
+            return;
+        }
+        // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
+        // block would pay a full C-tile update for little work.
+        let kc_max = k.div_ceil(k.div_ceil(KC));
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR));
+        let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR));
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..k).step_by(kc_max) {
+                let kc = kc_max.min(k - pc);
+                if b.cs == 1 {
+                    pack_b_rows(b, pc, kc, j0 + jc, nc, bp);
+                } else {
+                    pack_b_transposed(b, pc, kc, j0 + jc, nc, bp);
+                }
+                // The first depth block applies the caller's beta; later ones accumulate.
+                let beta_blk = if pc == 0 { beta } else { 1.0 };
+                for ic in (0..m).step_by(MC) {
+                    let mc = MC.min(m - ic);
+                    if a.cs == 1 {
+                        pack_a_rows(a, i0 + ic, mc, pc, kc, ap);
+                    } else {
+                        pack_a_cols(a, i0 + ic, mc, pc, kc, ap);
+                    }
+                    for jr in (0..nc).step_by(NR) {
+                        let cols = NR.min(nc - jr);
+                        let bpan = bp.as_ptr().add(jr * kc);
+                        for ir in (0..mc).step_by(MR) {
+                            let rows = MR.min(mc - ir);
+                            let apan = ap.as_ptr().add(ir * kc);
+                            let cptr = c.as_mut_ptr().add((ic + ir) * ldc + jc + jr);
+                            tile(kc, apan, bpan, cptr, ldc, rows, cols, alpha, beta_blk);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Packs rows `i0..i0+mc` × depth `p0..p0+kc` of a transposed op(A) into MR-row panels (`kc·MR`
+    /// each, depth-major, the last one zero-padded): at each depth a panel's rows are contiguous.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_a_cols(a: View, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [f32]) {
+        for (pi, panel) in out.chunks_exact_mut(kc * MR).take(mc.div_ceil(MR)).enumerate() {
+            let lanes = lane_mask(MR.min(mc - pi * MR));
+            let first = a.data.as_ptr().add(p0 * a.cs + i0 + pi * MR);
+            for p in 0..kc {
+                let v = _mm512_maskz_loadu_ps(lanes, first.add(p * a.cs));
+                _mm512_mask_storeu_ps(panel.as_mut_ptr().add(p * MR), lane_mask(MR), v);
+            }
+        }
+    }
+
+    /// Packs depth `p0..p0+kc` × columns `j0..j0+nc` of a row-major op(B) into NR-column panels (`kc·NR`
+    /// each, depth-major, the last one zero-padded): each depth's 32 columns are contiguous.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_b_rows(b: View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32]) {
+        for (pj, panel) in out.chunks_exact_mut(kc * NR).take(nc.div_ceil(NR)).enumerate() {
+            let cols = NR.min(nc - pj * NR);
+            let (m0, m1) = (lane_mask(cols), lane_mask(cols.saturating_sub(16)));
+            let first = b.data.as_ptr().add(p0 * b.rs + j0 + pj * NR);
+            for p in 0..kc {
+                let src = first.add(p * b.rs);
+                let dst = panel.as_mut_ptr().add(p * NR);
+                _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m0, src));
+                _mm512_storeu_ps(dst.add(16), _mm512_maskz_loadu_ps(m1, src.add(16)));
+            }
+        }
+    }
+
+    /// [`pack_a_cols`] for a row-major op(A): 16 depths of 12 rows at a time through a register transpose.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_a_rows(a: View, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut [f32]) {
+        for (pi, panel) in out.chunks_exact_mut(kc * MR).take(mc.div_ceil(MR)).enumerate() {
+            let rows = MR.min(mc - pi * MR);
+            let first = a.data.as_ptr().add((i0 + pi * MR) * a.rs + p0);
+            for pb in (0..kc).step_by(16) {
+                let depth = 16.min(kc - pb);
+                let lanes = lane_mask(depth);
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, v) in r.iter_mut().enumerate().take(rows) {
+                    *v = _mm512_maskz_loadu_ps(lanes, first.add(i * a.rs + pb));
+                }
+                let t = transpose16(r);
+                for (q, v) in t.iter().enumerate().take(depth) {
+                    _mm512_mask_storeu_ps(panel.as_mut_ptr().add((pb + q) * MR), lane_mask(MR), *v);
+                }
+            }
+        }
+    }
+
+    /// [`pack_b_rows`] for a transposed op(B) (rows of W become columns), through register transposes.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_b_transposed(b: View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32]) {
+        for (pj, panel) in out.chunks_exact_mut(kc * NR).take(nc.div_ceil(NR)).enumerate() {
+            for g in 0..NR / 16 {
+                let c0 = pj * NR + g * 16;
+                let cols = if c0 >= nc { 0 } else { 16.min(nc - c0) };
+                let first = b.data.as_ptr().add((j0 + c0) * b.cs + p0);
+                for pb in (0..kc).step_by(16) {
+                    let depth = 16.min(kc - pb);
+                    let lanes = lane_mask(depth);
+                    let mut r = [_mm512_setzero_ps(); 16];
+                    for (i, v) in r.iter_mut().enumerate().take(cols) {
+                        *v = _mm512_maskz_loadu_ps(lanes, first.add(i * b.cs + pb));
+                    }
+                    let t = transpose16(r);
+                    for (q, v) in t.iter().enumerate().take(depth) {
+                        _mm512_storeu_ps(panel.as_mut_ptr().add((pb + q) * NR + g * 16), *v);
+                    }
+                }
+            }
+        }
+    }
+
+    fn lane_mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// 16×16 transpose: lane `j` of output `i` is lane `i` of input `j`.
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        let lo = |x, y| _mm512_unpacklo_ps(x, y);
+        let hi = |x, y| _mm512_unpackhi_ps(x, y);
+        let lo2 = |x: __m512, y: __m512| _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+        let hi2 = |x: __m512, y: __m512| _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = lo(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = hi(r[2 * i], r[2 * i + 1]);
+        }
+        let mut u = [_mm512_setzero_ps(); 16];
+        for q in 0..4 {
+            let b = 4 * q;
+            u[b] = lo2(t[b], t[b + 2]);
+            u[b + 1] = hi2(t[b], t[b + 2]);
+            u[b + 2] = lo2(t[b + 1], t[b + 3]);
+            u[b + 3] = hi2(t[b + 1], t[b + 3]);
+        }
+        // u[4q + j] holds, in each 128-bit lane L, column 4L + j of rows 4q..4q+4.
+        for h in 0..2 {
+            let b = 8 * h;
+            for j in 0..4 {
+                t[b + j] = _mm512_shuffle_f32x4::<0x88>(u[b + j], u[b + 4 + j]);
+                t[b + 4 + j] = _mm512_shuffle_f32x4::<0xdd>(u[b + j], u[b + 4 + j]);
+            }
+        }
+        let mut o = [_mm512_setzero_ps(); 16];
+        for j in 0..8 {
+            o[j] = _mm512_shuffle_f32x4::<0x88>(t[j], t[8 + j]);
+            o[8 + j] = _mm512_shuffle_f32x4::<0xdd>(t[j], t[8 + j]);
+        }
+        o
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn transpose16_transposes() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let m: Vec<f32> = (0..256).map(|v| v as f32).collect();
+        let mut out = [0.0f32; 256];
+        // SAFETY: AVX-512F detected above; all pointers stay inside the 256-element arrays.
+        unsafe {
+            let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(m.as_ptr().add(16 * i)));
+            for (i, v) in transpose16(r).iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(16 * i), *v);
+            }
+        }
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(out[16 * i + j], m[16 * j + i], "({i}, {j})");
+            }
+        }
+    }
+
+    /// One MR×NR tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C).
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(b);
+            let b1 = _mm512_loadu_ps(b.add(16));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let ar = _mm512_set1_ps(*a.add(r));
+                acc_r[0] = _mm512_fmadd_ps(ar, b0, acc_r[0]);
+                acc_r[1] = _mm512_fmadd_ps(ar, b1, acc_r[1]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        let va = _mm512_set1_ps(alpha);
+        let vb = _mm512_set1_ps(beta);
+        let mask_lo: __mmask16 = if cols >= 16 { 0xffff } else { (1u32 << cols) as u16 - 1 };
+        let mask_hi: __mmask16 = if cols >= 32 {
+            0xffff
+        } else if cols <= 16 {
+            0
+        } else {
+            (1u32 << (cols - 16)) as u16 - 1
+        };
+        for (r, acc_r) in acc.iter().enumerate().take(rows) {
+            let cr = c.add(r * ldc);
+            for (h, mask) in [(0usize, mask_lo), (1, mask_hi)] {
+                if mask == 0 {
+                    continue;
+                }
+                let p = cr.add(16 * h);
+                let mut v = _mm512_mul_ps(va, acc_r[h]);
+                if beta != 0.0 {
+                    v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, p), v);
+                }
+                _mm512_mask_storeu_ps(p, mask, v);
+            }
+        }
     }
 }
 
@@ -98,19 +486,63 @@ mod tests {
     #[test]
     fn all_transpose_combinations_match_naive() {
         let mut rng = crate::rng::Rng::from_keys(&[3]);
-        for &(m, n, k) in &[(1, 1, 1), (5, 7, 3), (70, 33, 65), (129, 64, 40)] {
+        for &(m, n, k) in &[(1, 1, 1), (5, 7, 3), (70, 33, 65), (129, 64, 40), (13, 97, 300), (150, 1100, 20)] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform(1.0)).collect();
             for ta in [Trans::N, Trans::T] {
                 for tb in [Trans::N, Trans::T] {
                     let want = naive(ta, tb, m, n, k, &a, &b);
                     let mut c = vec![f32::NAN; m * n];
                     gemm(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
                     for (x, y) in c.iter().zip(&want) {
-                        assert!((x - y).abs() < 1e-4, "{ta:?}{tb:?} {m}x{n}x{k}: {x} vs {y}");
+                        assert!((x - y).abs() < 1e-4 * k as f32, "{ta:?}{tb:?} {m}x{n}x{k}: {x} vs {y}");
+                    }
+                    // alpha and beta: C = 0.5·AB + 2·C0.
+                    let mut c = c0.clone();
+                    gemm(ta, tb, m, n, k, 0.5, &a, &b, 2.0, &mut c);
+                    for ((x, y), z) in c.iter().zip(&want).zip(&c0) {
+                        let w = 0.5 * y + 2.0 * z;
+                        assert!((x - w).abs() < 1e-4 * k as f32, "{ta:?}{tb:?} {m}x{n}x{k} beta: {x} vs {w}");
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn portable_engine_matches_naive() {
+        let mut rng = crate::rng::Rng::from_keys(&[5]);
+        let (m, n, k) = (37, 45, 29);
+        let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+        let want = naive(Trans::T, Trans::N, m, n, k, &a, &b);
+        let mut c = vec![f32::NAN; m * n];
+        let (av, bv) = (View { data: &a, rs: 1, cs: m }, View { data: &b, rs: n, cs: 1 });
+        Engine::Portable.run(m, n, k, 1.0, av, bv, 0.0, &mut c, n, 0, 0);
+        for (x, y) in c.iter().zip(&want) {
+            assert!((x - y).abs() < 1e-4 * k as f32, "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn same_bits_whatever_the_thread_count() {
+        let mut rng = crate::rng::Rng::from_keys(&[4]);
+        let (m, n, k) = (200, 300, 700);
+        let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut c = vec![0.0; m * n];
+            pool.install(|| gemm(Trans::N, Trans::T, m, n, k, 1.0, &a, &b, 0.0, &mut c));
+            c
+        };
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(3));
+        // A row of C does not depend on the other rows of A.
+        let mut c1 = vec![0.0; n];
+        gemm(Trans::N, Trans::T, 1, n, k, 1.0, &a[5 * k..6 * k], &b, 0.0, &mut c1);
+        assert_eq!(&one[5 * n..6 * n], &c1[..]);
     }
 }
