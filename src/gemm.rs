@@ -66,12 +66,12 @@ pub fn gemm(
         engine.run(m, n, k, alpha, av, bv, beta, c, n, 0, 0);
         return;
     }
-    // Split the columns of C when there are enough 32-wide panels to go round (each thread then packs
-    // a disjoint part of op(B)); otherwise split its rows.
-    let panels = n.div_ceil(NR);
+    // Split C into column blocks of whole 32-wide panels (each thread then packs a disjoint part of
+    // op(B)) or row blocks of whole 12-row panels, whichever gives the busiest thread fewer tiles.
+    let (panels_m, panels_n) = (m.div_ceil(MR), n.div_ceil(NR));
     let cptr = SendPtr(c.as_mut_ptr());
-    if panels >= threads {
-        let per = panels.div_ceil(threads) * NR;
+    if panels_n.div_ceil(threads) * panels_m <= panels_m.div_ceil(threads) * panels_n {
+        let per = panels_n.div_ceil(threads) * NR;
         (0..n.div_ceil(per)).into_par_iter().for_each(|t| {
             let j0 = t * per;
             let cols = per.min(n - j0);
@@ -81,7 +81,7 @@ pub fn gemm(
             engine.run(m, cols, k, alpha, av, bv, beta, cblk, n, 0, j0);
         });
     } else {
-        let per = m.div_ceil(threads).div_ceil(MR) * MR;
+        let per = panels_m.div_ceil(threads) * MR;
         c.par_chunks_mut(per * n).enumerate().for_each(|(t, cblk)| {
             engine.run(cblk.len() / n, n, k, alpha, av, bv, beta, cblk, n, t * per, 0);
         });
