@@ -246,3 +246,26 @@ fn footprint_of_w1_counts_every_part() {
     assert!(f.activations >= least && f.activations < least * 3 / 2, "{f:?}, at least {least}");
     assert_eq!(f.total(), f.dataset + f.params + f.grads + f.optimizer + f.activations);
 }
+
+/// Target 6 on a real run: the peak resident set of `lbbsp bench w1` (60,000 samples, 25
+/// iterations, evaluation included) stays within 1.25× the bytes it must hold, and the RESULT line
+/// the comparison script parses is there.
+#[test]
+fn w1_run_peak_rss_is_within_a_quarter_of_what_it_holds() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lbbsp"))
+        .args(["bench", "w1", "--iters", "25", "--warmup", "5", "--threads", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let result = text.lines().find(|l| l.starts_with("RESULT peer=lbbsp model=mlp world=1 ")).expect("a RESULT line");
+    assert!(result.contains(" batch=128 ") && result.contains(" samples_per_s="), "{result}");
+    let memory = text.lines().find(|l| l.starts_with("MEMORY ")).expect("a MEMORY line");
+    let field = |k: &str| -> f64 {
+        let v = memory.split_whitespace().find_map(|f| f.strip_prefix(k)).unwrap_or_else(|| panic!("{k} in {memory}"));
+        v.parse().unwrap()
+    };
+    let (peak, needed) = (field("peak_rss_mb="), field("needed_mb="));
+    assert!(needed > 190.0, "the data set alone is 191.5 MB: {memory}");
+    assert!(peak <= 1.25 * needed, "peak RSS {peak} MB is above 1.25 × {needed} MB: {memory}");
+}
