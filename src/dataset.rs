@@ -166,6 +166,7 @@ impl Normalizer {
 use crate::error::{Error, Result};
 use crate::manifest::{DatasetSpec, Format, Role};
 use crate::{csv, idx, libsvm, manifest, rng};
+use rayon::prelude::*;
 use std::path::Path;
 
 /// Loads the data set `cfg.dataset` from `data_dir`, verified against the manifest's checksums,
@@ -181,6 +182,26 @@ pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
             format!("{} must be a positive number, e.g. 255 for 8-bit images", cfg.scale),
         ));
     }
+    let (mut train, mut test) = if cfg.dataset == RANDOM_MNIST {
+        if cfg.test_fraction.is_some() {
+            return Err(Error::config(
+                "data.test_fraction",
+                format!("`{RANDOM_MNIST}` makes its own test split; remove `test_fraction` from [data]"),
+            ));
+        }
+        let s = random_mnist();
+        (s.train, s.test)
+    } else {
+        load_files(cfg, data_dir)?
+    };
+    let norm = Normalizer::fit(cfg, &train);
+    norm.apply(&mut train);
+    norm.apply(&mut test);
+    Ok(Splits { train, test })
+}
+
+/// The raw train and test splits of a manifest data set, checksums verified.
+fn load_files(cfg: &DataConfig, data_dir: &Path) -> Result<(Dataset, Dataset)> {
     let spec = manifest::spec(&cfg.dataset)?;
     manifest::verify(spec, data_dir)?;
     let single_file = spec.file(Role::All).is_some();
@@ -190,7 +211,7 @@ pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
             format!("`{}` ships its own test split; remove `test_fraction` from [data]", spec.name),
         ));
     }
-    let (mut train, mut test) = match spec.format {
+    Ok(match spec.format {
         Format::Idx => (
             load_idx(spec, data_dir, Role::TrainImages, Role::TrainLabels)?,
             load_idx(spec, data_dir, Role::TestImages, Role::TestLabels)?,
@@ -216,11 +237,36 @@ pub fn load(cfg: &DataConfig, data_dir: &Path) -> Result<Splits> {
                 (read(Role::Train)?, read(Role::Test)?)
             }
         }
-    };
-    let norm = Normalizer::fit(cfg, &train);
-    norm.apply(&mut train);
-    norm.apply(&mut test);
-    Ok(Splits { train, test })
+    })
+}
+
+// ---- Synthetic data for benchmarks ----
+
+/// The synthetic data set of the benchmark recipes: `dataset = "random-mnist"` in `[data]`.
+pub const RANDOM_MNIST: &str = "random-mnist";
+/// Sample shape and class count of [`RANDOM_MNIST`] (those of MNIST).
+pub const RANDOM_MNIST_SHAPE: [usize; 3] = [1, 28, 28];
+pub const RANDOM_MNIST_CLASSES: usize = 10;
+
+/// `random-mnist`: 60,000 training and 1,000 test samples shaped like MNIST, pixels uniform in
+/// `[0, 1)`, labels uniform in `0..10`, all from a fixed seed. No files and no checksum: it exists
+/// to time training on exactly the data the peer benchmarks use (`../shared/peers`), not to learn.
+pub fn random_mnist() -> Splits {
+    Splits { train: random_images(60_000, 0), test: random_images(1_000, 1) }
+}
+
+/// `n` random images; sample `i` of split `split` is drawn from the stream `[0x7261_6e64, split, i]`,
+/// so the data does not depend on the thread count.
+fn random_images(n: usize, split: u64) -> Dataset {
+    let d: usize = RANDOM_MNIST_SHAPE.iter().product();
+    let mut x = vec![0.0f32; n * d];
+    let mut y = vec![0u32; n];
+    x.par_chunks_mut(d).zip(y.par_iter_mut()).enumerate().for_each(|(i, (row, label))| {
+        let mut r = rng::Rng::from_keys(&[0x7261_6e64, split, i as u64]);
+        row.iter_mut().for_each(|v| *v = r.next_f32());
+        *label = r.below(RANDOM_MNIST_CLASSES) as u32;
+    });
+    Dataset { x, y, sample_shape: RANDOM_MNIST_SHAPE.to_vec(), classes: RANDOM_MNIST_CLASSES }
 }
 
 /// One IDX split: images as `f32` in `0..=255` with shape `[1, rows, cols]`, checked against the labels.
@@ -397,6 +443,23 @@ mod load_tests {
         let m = load_idx(&spec, &dir, Role::TrainImages, Role::TrainLabels).unwrap_err().to_string();
         assert!(m.contains("im") && m.contains("lb") && m.contains("3 images") && m.contains("2 labels"), "{m}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn random_mnist_is_fixed_uniform_and_needs_no_files() {
+        let c = DataConfig { dataset: RANDOM_MNIST.into(), ..cfg(None) };
+        let s = load(&c, Path::new("/nonexistent")).unwrap();
+        assert_eq!((s.train.len(), s.test.len(), s.train.dim()), (60_000, 1_000, 784));
+        assert!(s.train.x.iter().all(|v| (0.0..1.0).contains(v)));
+        let mean = s.train.x.iter().map(|&v| v as f64).sum::<f64>() / s.train.x.len() as f64;
+        assert!((mean - 0.5).abs() < 1e-3, "{mean}");
+        let mut counts = [0usize; 10];
+        s.train.y.iter().for_each(|&c| counts[c as usize] += 1);
+        assert!(counts.iter().all(|&k| (5_500..6_500).contains(&k)), "{counts:?}");
+        assert_eq!(s.train, random_mnist().train, "same data every time");
+        assert_ne!(s.train.row(0), s.test.row(0));
+        let e = load(&DataConfig { test_fraction: Some(0.1), ..c }, Path::new("/x")).unwrap_err().to_string();
+        assert!(e.contains("data.test_fraction"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! in [`train::train`].
 
 pub mod balance;
+pub mod bench;
 pub mod chain;
 pub mod checkpoint;
 pub mod comm;

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use lbbsp::bench::{Footprint, Workload};
 use lbbsp::comm::{Communicator, Mpi};
 use lbbsp::metrics::write_json;
 use lbbsp::train::{RunOptions, Slowdown};
@@ -26,6 +27,9 @@ enum Cmd {
     Interfere(lbbsp::interfere::InterfereArgs),
     /// Plot per-iteration metrics (JSONL) of one or more runs to an SVG.
     Plot(lbbsp::plot::PlotArgs),
+    /// Time the training loop on a peer workload, or the GEMM; prints `RESULT` lines (see
+    /// scripts/bench_peers.sh, which compares them with PyTorch, TensorFlow, JAX and numpy).
+    Bench(BenchArgs),
     /// Download, copy or verify data sets.
     Data {
         #[command(subcommand)]
@@ -103,6 +107,33 @@ struct EvalArgs {
     summary: Option<PathBuf>,
 }
 
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// w1: MLP 784-512-256-10, batch 128 (recipe bench-w1); w2: LeNet-5, batch 64 (bench-w2); both
+    /// on random MNIST-shaped data, one rank or N under `mpirun -n N`. gemm: GFLOP/s of the GEMM on
+    /// 2048³ and on W1's layer shapes.
+    what: BenchWhat,
+    /// Training iterations to run.
+    #[arg(long, default_value_t = 200)]
+    iters: usize,
+    /// Iterations left out of the timing at the start.
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// gemm: timed samples per shape (their median and best are printed).
+    #[arg(long, default_value_t = 15)]
+    reps: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchWhat {
+    W1,
+    W2,
+    Gemm,
+}
+
 #[derive(Subcommand)]
 enum DataCmd {
     /// Fetch a data set's canonical files into the data folder, verifying checksums.
@@ -150,6 +181,11 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Train(args) => on_ranks(|comm| train_on(comm, &args)),
         Cmd::Eval(args) => on_ranks(|comm| eval_on(comm, &args)),
+        Cmd::Bench(args) => match args.what {
+            BenchWhat::W1 => on_ranks(|comm| bench_on(comm, &args, Workload::W1)),
+            BenchWhat::W2 => on_ranks(|comm| bench_on(comm, &args, Workload::W2)),
+            BenchWhat::Gemm => bench_gemm(&args),
+        },
         Cmd::Data { cmd } => run_data(cmd),
         Cmd::Interfere(args) => lbbsp::interfere::run(&args).map_err(Into::into),
         Cmd::Plot(args) => lbbsp::plot::run(&args).map_err(Into::into),
@@ -235,6 +271,67 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
         if comm.world_size() > 1 && !args.quiet {
             print!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
         }
+    }
+    Ok(())
+}
+
+/// Trains `w` for `--iters` iterations through the real loop and prints, on rank 0, its throughput
+/// over the iterations after `--warmup` and its peak memory against what it must hold.
+fn bench_on(comm: &Mpi, args: &BenchArgs, w: Workload) -> Result<()> {
+    if args.warmup >= args.iters {
+        bail!("--warmup {} leaves no iteration of --iters {} to time", args.warmup, args.iters);
+    }
+    // Enough epochs for any --iters (an epoch has at least one iteration).
+    let set = [format!("train.max_iters={}", args.iters), format!("train.epochs={}", args.iters)];
+    let recipe = lbbsp::recipe::resolve(w.recipe(), &set)?;
+    let threads = start_threads(comm, args.threads)?;
+    let data = lbbsp::dataset::load(&recipe.data, Path::new("."))?;
+    let metrics = std::env::temp_dir().join(format!("lbbsp-bench-{}.jsonl", std::process::id()));
+    let opts = RunOptions { metrics: Some(metrics.clone()), threads, ..RunOptions::default() };
+    lbbsp::train(&recipe, &data, comm, &opts)?;
+    let peak = lbbsp::bench::peak_rss()?;
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let records = lbbsp::metrics::read_records(&metrics);
+    std::fs::remove_file(&metrics).ok();
+    let (samples_per_s, final_loss) = lbbsp::bench::throughput(&records?, args.warmup)?;
+    println!(
+        "RESULT peer=lbbsp model={} world={} threads_per_rank={threads} batch={} samples_per_s={samples_per_s:.1} \
+         final_loss={final_loss:.4}",
+        w.model(),
+        comm.world_size(),
+        recipe.train.global_batch
+    );
+    let f = Footprint::measure(&recipe, &data, comm.world_size())?;
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "MEMORY rank=0 peak_rss_mb={:.1} needed_mb={:.1} ratio={:.3} dataset_mb={:.1} params_mb={:.2} grads_mb={:.2} \
+         optimizer_mb={:.2} activations_mb={:.2}",
+        mb(peak),
+        mb(f.total()),
+        peak as f64 / f.total() as f64,
+        mb(f.dataset),
+        mb(f.params),
+        mb(f.grads),
+        mb(f.optimizer),
+        mb(f.activations)
+    );
+    Ok(())
+}
+
+/// Prints the GFLOP/s of `lbbsp::gemm` on each of [`lbbsp::bench::gemm_cases`] (one process).
+fn bench_gemm(args: &BenchArgs) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = args.threads.unwrap_or(cores);
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
+    for c in lbbsp::bench::gemm_cases() {
+        let (median, best) = lbbsp::bench::gemm_gflops(&c, args.reps);
+        println!(
+            "RESULT gemm=lbbsp shape={} m={} n={} k={} ta={:?} tb={:?} threads={threads} gflops_median={median:.1} \
+             gflops_best={best:.1}",
+            c.name, c.m, c.n, c.k, c.ta, c.tb
+        );
     }
     Ok(())
 }

@@ -107,6 +107,8 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("mnist-lenet5", include_str!("../models/mnist-lenet5.toml")),
     ("fashion-lenet5", include_str!("../models/fashion-lenet5.toml")),
     ("fashion-resnet", include_str!("../models/fashion-resnet.toml")),
+    ("bench-w1", include_str!("../models/bench-w1.toml")),
+    ("bench-w2", include_str!("../models/bench-w2.toml")),
 ];
 
 /// Loads a recipe given as a file path, or as the name of a shipped recipe (`models/NAME.toml`).
@@ -169,9 +171,34 @@ mod tests {
     fn shipped_models_build() {
         for (name, text) in SHIPPED {
             let r = Recipe::parse(text, Path::new(name), &[]).unwrap();
-            let data = crate::manifest::spec(&r.data.dataset).unwrap();
-            crate::model::Model::new(&r.model, &data.sample_shape, data.classes, 1)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (shape, classes) = if r.data.dataset == crate::dataset::RANDOM_MNIST {
+                (crate::dataset::RANDOM_MNIST_SHAPE.to_vec(), crate::dataset::RANDOM_MNIST_CLASSES)
+            } else {
+                let data = crate::manifest::spec(&r.data.dataset).unwrap();
+                (data.sample_shape.clone(), data.classes)
+            };
+            crate::model::Model::new(&r.model, &shape, classes, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    /// The benchmark recipes are the peers' W1 and W2 exactly: plain SGD at a constant rate, the
+    /// batch sizes, and PyTorch's parameter counts of the two models (LeNet-5 without padding).
+    #[test]
+    fn bench_recipes_match_the_peer_workloads() {
+        use crate::optim::{OptimizerKind, Schedule};
+        for (name, batch, params) in [("bench-w1", 128, 535_818), ("bench-w2", 64, 44_426)] {
+            let r = resolve(name, &[]).unwrap();
+            let o = &r.optimizer;
+            assert_eq!(
+                (o.kind, o.lr, o.momentum, o.nesterov, o.weight_decay),
+                (OptimizerKind::Sgd, 0.05, 0.9, false, 0.0)
+            );
+            assert_eq!((o.schedule, o.warmup_iters, o.clip_grad_norm), (Schedule::Constant, 0, None));
+            assert_eq!((r.data.dataset.as_str(), r.data.scale, r.train.global_batch), ("random-mnist", 1.0, batch));
+            assert_eq!(r.data.standardize, crate::dataset::Standardize::None);
+            let shape = crate::dataset::RANDOM_MNIST_SHAPE;
+            let m = crate::model::Model::new(&r.model, &shape, 10, 1).unwrap();
+            assert_eq!(m.params.len(), params, "{name}");
         }
     }
 

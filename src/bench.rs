@@ -1,0 +1,211 @@
+//! `lbbsp bench`: the numbers a user compares with other frameworks.
+//!
+//! - Throughput of the real training loop ([`crate::train::train`]: sharder, balancer, communicator,
+//!   optimizer) on the two peer workloads, W1 (`models/bench-w1.toml`) and W2 (`bench-w2.toml`), on
+//!   [`random-mnist`](crate::dataset::random_mnist). Samples/s is `Σ B / Σ t_iter` over iterations
+//!   `warmup..iters` from the loop's per-iteration wall times, as the peers time iterations 20–200;
+//!   data generation and the final evaluation are not counted.
+//! - Memory: the peak resident set (`VmHWM`) of the run against the bytes it must hold
+//!   ([`Footprint`]: data set, parameters, gradients, optimizer state, activations).
+//! - GEMM: GFLOP/s of [`crate::gemm::gemm`] on 2048³ and on the layer shapes of W1.
+
+use crate::dataset::Splits;
+use crate::error::{Error, Result};
+use crate::gemm::{gemm, Trans};
+use crate::metrics::IterRecord;
+use crate::model::Model;
+use crate::optim::Optimizer;
+use crate::recipe::Recipe;
+use crate::rng::Rng;
+use std::path::Path;
+use std::time::Instant;
+
+/// A peer workload: its shipped recipe and the name the peer scripts give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// MLP 784-512-256-10, batch 128.
+    W1,
+    /// LeNet-5 without padding, batch 64.
+    W2,
+}
+
+impl Workload {
+    pub fn recipe(self) -> &'static str {
+        match self {
+            Workload::W1 => "bench-w1",
+            Workload::W2 => "bench-w2",
+        }
+    }
+    /// `model=` in the peers' RESULT lines.
+    pub fn model(self) -> &'static str {
+        match self {
+            Workload::W1 => "mlp",
+            Workload::W2 => "cnn",
+        }
+    }
+}
+
+/// Global samples per second over `records[warmup..]` (`Σ B / Σ t_iter`), and the last loss.
+pub fn throughput(records: &[IterRecord], warmup: usize) -> Result<(f64, f64)> {
+    let timed = records.get(warmup..).filter(|t| !t.is_empty()).ok_or_else(|| {
+        Error::config("bench", format!("{} iterations leave none to time after {warmup} of warm-up", records.len()))
+    })?;
+    let samples: usize = timed.iter().map(|r| r.global_batch).sum();
+    let secs: f64 = timed.iter().map(|r| r.iter_s).sum();
+    Ok((samples as f64 / secs, timed.last().map_or(f64::NAN, |r| r.loss)))
+}
+
+/// Bytes a training run must hold on one rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Footprint {
+    /// Train and test features and labels.
+    pub dataset: u64,
+    pub params: u64,
+    /// The local gradient and the allreduced one.
+    pub grads: u64,
+    pub optimizer: u64,
+    /// Everything else the model allocates for its batch capacity: input rows, activations and their
+    /// gradients, layer caches (measured on the heap, not derived from shapes).
+    pub activations: u64,
+}
+
+impl Footprint {
+    /// Measures the run of `recipe` on `data` over `world` ranks: builds the model the trainer
+    /// builds, with the same batch capacity, and counts the heap bytes it takes.
+    pub fn measure(recipe: &Recipe, data: &Splits, world: usize) -> Result<Footprint> {
+        let bytes = |d: &crate::Dataset| (d.x.len() * 4 + d.y.len() * 4) as u64;
+        let balancer = crate::Balancer::new(&recipe.balance, recipe.train.global_batch, world)?;
+        let before = heap_in_use();
+        let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, recipe.train.seed)?;
+        // As in `train`: room for the largest slice, and for evaluation batches.
+        model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
+        let model_bytes = heap_in_use().saturating_sub(before);
+        let n = model.params.len() as u64 * 4;
+        let optimizer = Optimizer::new(&recipe.optimizer, model.params.len());
+        Ok(Footprint {
+            dataset: bytes(&data.train) + bytes(&data.test),
+            params: n,
+            grads: 2 * n,
+            optimizer: optimizer.buffers().iter().map(|(_, b)| b.len() as u64 * 4).sum(),
+            activations: model_bytes.saturating_sub(2 * n),
+        })
+    }
+
+    pub fn total(&self) -> u64 {
+        self.dataset + self.params + self.grads + self.optimizer + self.activations
+    }
+}
+
+/// Heap bytes in use (glibc's `mallinfo2`: small blocks in all arenas plus mmapped ones).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
+}
+
+/// Heap bytes in use: unknown without glibc, so the activations of a [`Footprint`] read as 0.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn heap_in_use() -> u64 {
+    0
+}
+
+/// Peak resident set size of this process so far (`VmHWM` of `/proc/self/status`), in bytes.
+pub fn peak_rss() -> Result<u64> {
+    let path = Path::new("/proc/self/status");
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let kb = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| Error::data(path, "no readable VmHWM line"))?;
+    Ok(kb * 1024)
+}
+
+/// One GEMM shape: `C (m×n) = op(A) · op(B)`.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmCase {
+    pub name: &'static str,
+    pub ta: Trans,
+    pub tb: Trans,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// 2048³, then the products of W1's two large layers (batch 128): forward `x·Wᵀ`, weight gradient
+/// `dyᵀ·x`, input gradient `dy·W`.
+pub fn gemm_cases() -> Vec<GemmCase> {
+    let case = |name, ta, tb, m, n, k| GemmCase { name, ta, tb, m, n, k };
+    vec![
+        case("square-2048", Trans::N, Trans::N, 2048, 2048, 2048),
+        case("fc1-fwd", Trans::N, Trans::T, 128, 512, 784),
+        case("fc1-dw", Trans::T, Trans::N, 512, 784, 128),
+        case("fc1-dx", Trans::N, Trans::N, 128, 784, 512),
+        case("fc2-fwd", Trans::N, Trans::T, 128, 256, 512),
+        case("fc2-dw", Trans::T, Trans::N, 256, 512, 128),
+        case("fc2-dx", Trans::N, Trans::N, 128, 512, 256),
+    ]
+}
+
+/// Median and best GFLOP/s of `reps` timed samples of `c`, each long enough (≥ 20 ms, repeating
+/// the product) to time reliably, after a warm-up.
+pub fn gemm_gflops(c: &GemmCase, reps: usize) -> (f64, f64) {
+    let mut rng = Rng::from_keys(&[0x6765_6d6d]);
+    let mut fill = |len: usize| (0..len).map(|_| rng.next_f32()).collect::<Vec<f32>>();
+    let (a, b, mut out) = (fill(c.m * c.k), fill(c.k * c.n), vec![0.0f32; c.m * c.n]);
+    let flops = 2.0 * (c.m * c.n * c.k) as f64;
+    let mut run = |times: usize| {
+        let t = Instant::now();
+        for _ in 0..times {
+            gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0, &a, &b, 0.0, &mut out);
+        }
+        t.elapsed().as_secs_f64()
+    };
+    let once = run(3) / 3.0;
+    let inner = ((0.02 / once.max(1e-9)).ceil() as usize).max(1);
+    let mut rates: Vec<f64> = (0..reps.max(1)).map(|_| flops * inner as f64 / run(inner) / 1e9).collect();
+    rates.sort_by(f64::total_cmp);
+    (rates[rates.len() / 2], rates[rates.len() - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(global_batch: usize, iter_s: f64, loss: f64) -> IterRecord {
+        IterRecord {
+            iter: 0,
+            unix_s: 0.0,
+            epoch: 0,
+            loss,
+            lr: 0.05,
+            global_batch,
+            batch_sizes: vec![global_batch],
+            compute_s: vec![iter_s],
+            wait_s: vec![0.0],
+            comm_s: vec![0.0],
+            interference_s: vec![0.0],
+            cpu_share: vec![1.0],
+            iter_s,
+            samples_per_s: global_batch as f64 / iter_s,
+        }
+    }
+
+    #[test]
+    fn throughput_skips_the_warm_up_and_weights_by_time() {
+        let r = [rec(128, 10.0, 9.0), rec(128, 0.5, 2.0), rec(64, 0.25, 1.5)];
+        let (sps, loss) = throughput(&r, 1).unwrap();
+        assert!((sps - 192.0 / 0.75).abs() < 1e-9, "{sps}");
+        assert_eq!(loss, 1.5);
+        assert!(throughput(&r, 3).unwrap_err().to_string().contains("warm-up"));
+    }
+
+    #[test]
+    fn peak_rss_grows_with_touched_memory() {
+        let before = peak_rss().unwrap();
+        let v = vec![1u8; 64 << 20];
+        std::hint::black_box(&v);
+        assert!(peak_rss().unwrap() >= before.max(64 << 20), "64 MiB touched");
+    }
+}
