@@ -62,6 +62,9 @@ pub fn gemm(
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && m * n * k >= 1 << 17;
     let engine = Engine::detect();
+    if threads > 1 {
+        size_pool_buffers(engine);
+    }
     if !parallel {
         engine.run(m, n, k, alpha, av, bv, beta, c, n, 0, 0);
         return;
@@ -192,11 +195,31 @@ thread_local! {
     static PACK: std::cell::RefCell<Packed> = std::cell::RefCell::new(Packed::default());
 }
 
-/// Grows `v` to at least `len` elements plus room to start at a 64-byte boundary; returns that
-/// aligned window.
-fn aligned(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if v.len() < len + 16 {
-        v.resize(len + 16, 0.0);
+/// Sizes the packing buffers of every thread of the current rayon pool, once per calling thread: which
+/// worker steals which block varies from call to call, so sizing lazily would let a worker allocate
+/// its buffers on its first block many steps into a run.
+fn size_pool_buffers(engine: Engine) {
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(engine, Engine::Avx512) && !DONE.get() {
+        rayon::broadcast(|_| {
+            PACK.with_borrow_mut(|p| {
+                aligned(&mut p.a, 0, KC * MC);
+                aligned(&mut p.b, 0, KC * NC);
+            })
+        });
+        DONE.set(true);
+    }
+}
+
+/// A 64-byte aligned window of `len ≤ cap` elements of `v`; the first call on a thread sizes `v` for
+/// the largest block (`cap`), so which shapes a thread happens to run later never reallocates.
+fn aligned(v: &mut Vec<f32>, len: usize, cap: usize) -> &mut [f32] {
+    debug_assert!(len <= cap);
+    if v.len() < cap + 16 {
+        v.resize(cap + 16, 0.0);
     }
     let off = v.as_ptr().align_offset(64).min(15);
     &mut v[off..off + len]
@@ -236,8 +259,8 @@ mod avx512 {
         // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
         // block would pay a full C-tile update for little work.
         let kc_max = k.div_ceil(k.div_ceil(KC));
-        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR));
-        let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR));
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR), KC * NC);
+        let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR), KC * MC);
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             for pc in (0..k).step_by(kc_max) {
