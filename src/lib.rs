@@ -62,6 +62,7 @@ pub mod recipe;
 pub mod residual;
 pub mod rng;
 pub mod shard;
+pub mod sync;
 pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};
