@@ -105,10 +105,13 @@ impl GradSync {
 
     /// The distributed step: one allreduce-sum of `[grads | stats slots]`, with `mine` in this
     /// rank's slot. Afterwards [`GradSync::grad`] is `Σ_ranks grads` and `stats` holds every rank's
-    /// stats exactly as sent; `grads` is back to its `params` values, untouched.
+    /// stats exactly as sent; `grads` has its `params` length again, and its values are spent: the
+    /// next backward pass overwrites them.
     ///
     /// The slots are appended to `grads` itself (the send buffer must be contiguous) and truncated
     /// off again: the first call grows its capacity once, later calls neither allocate nor copy.
+    /// With one rank the sum is `grads` itself, so the two buffers are swapped instead of copied
+    /// (`grads` then holds the previous step's sum).
     pub fn all_reduce(&mut self, comm: &dyn Communicator, grads: &mut Vec<f32>, mine: &RankStats) -> SyncTime {
         let (rank, world) = (comm.rank(), comm.world_size());
         assert_eq!(grads.len(), self.params, "gradient length");
@@ -123,7 +126,11 @@ impl GradSync {
         mine.encode(&mut grads[self.params + rank * STATS_SLOTS..][..STATS_SLOTS]);
 
         let t = Instant::now();
-        comm.all_reduce_sum_into(grads, &mut self.summed);
+        if world == 1 {
+            std::mem::swap(grads, &mut self.summed);
+        } else {
+            comm.all_reduce_sum_into(grads, &mut self.summed);
+        }
         let sync_s = t.elapsed().as_secs_f64();
 
         grads.truncate(self.params);
@@ -169,7 +176,7 @@ mod tests {
                     let mut grads = vec![r as f32, 1.0, 0.5 * r as f32];
                     let mut sync = GradSync::new(3, 3);
                     let took = sync.all_reduce(&c, &mut grads, &stats_of(r));
-                    assert_eq!(grads, vec![r as f32, 1.0, 0.5 * r as f32], "local gradient restored");
+                    assert_eq!(grads.len(), 3, "gradient length restored");
                     (sync.grad().to_vec(), sync.stats.clone(), took)
                 })
             })
@@ -199,15 +206,20 @@ mod tests {
     }
 
     #[test]
-    fn solo_sync_passes_through_and_reuses_the_capacity() {
+    fn one_rank_swaps_instead_of_copying_and_allocates_once() {
         let mut sync = GradSync::new(2, 1);
         let mut grads = vec![1.0, 2.0];
         let took = sync.all_reduce(&Solo, &mut grads, &stats_of(0));
         assert_eq!((took.wait_s, sync.grad()), (0.0, &[1.0f32, 2.0][..]));
         assert_eq!(sync.stats, vec![stats_of(0)]);
-        // A second step reuses the capacity: the gradient is not moved.
-        let at = grads.as_ptr();
-        sync.all_reduce(&Solo, &mut grads, &stats_of(0));
-        assert_eq!(grads.as_ptr(), at);
+        // The next steps ping-pong between the two buffers, each already big enough.
+        let buffers = [grads.as_ptr(), sync.grad().as_ptr()];
+        for step in 0..3 {
+            grads.copy_from_slice(&[3.0 + step as f32, 4.0]);
+            sync.all_reduce(&Solo, &mut grads, &stats_of(0));
+            assert_eq!(sync.grad(), &[3.0 + step as f32, 4.0][..]);
+            assert_eq!(grads.len(), 2);
+            assert!(buffers.contains(&grads.as_ptr()) && buffers.contains(&sync.grad().as_ptr()));
+        }
     }
 }
