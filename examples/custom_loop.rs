@@ -1,5 +1,6 @@
-//! Your own training loop with lbbsp's pieces: the communicator, the sharder, the profiler and the
-//! balancer, without the CLI. Least-squares regression on synthetic data, gradients by hand.
+//! Your own training loop with lbbsp's pieces: the communicator, the sharder, the profiler, the
+//! one-collective gradient sync and the balancer, without the CLI. Least-squares regression on
+//! synthetic data, gradients by hand.
 //!
 //!     cargo build --release --example custom_loop
 //!     mpirun -n 2 target/release/examples/custom_loop          # or run it alone: one rank
@@ -11,6 +12,7 @@ use lbbsp::comm::{Communicator, Mpi};
 use lbbsp::profile::CpuSampler;
 use lbbsp::rng::Rng;
 use lbbsp::shard::{slice_for, EpochPlan};
+use lbbsp::sync::{GradSync, RankStats};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
@@ -30,8 +32,8 @@ fn main() -> anyhow::Result<()> {
     let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
     let mut balancer = Balancer::new(&cfg, global_batch, world)?;
     let mut cpu = CpuSampler::new();
-    let (mut local_grad, mut grad) = (vec![0.0f32; d + 1], vec![0.0f32; d + 1]);
-    let mut stats = vec![0.0f64; 2 * world];
+    let mut local_grad = vec![0.0f32; d];
+    let mut sync = GradSync::new(d, world);
 
     for epoch in 0..3 {
         let plan = EpochPlan::new(n, global_batch, 1, epoch);
@@ -40,39 +42,47 @@ fn main() -> anyhow::Result<()> {
             let sizes = lbbsp::shard::rescale(balancer.sizes(), batch.len());
             let mine = &batch[slice_for(&sizes, rank)];
 
-            // Compute this rank's gradient *sum* / B (and its loss sum in the last slot).
+            // Compute this rank's gradient *sum* / B and its loss sum.
             let t0 = Instant::now();
             let repeats = if rank == 1 { 2 } else { 1 }; // a pretend straggler
+            let mut loss_sum = 0.0f64;
             for _ in 0..repeats {
                 local_grad.fill(0.0);
+                loss_sum = 0.0;
                 for &i in mine {
                     let xi = &x[i * d..(i + 1) * d];
                     let err = xi.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() - y[i];
                     for (g, a) in local_grad.iter_mut().zip(xi) {
                         *g += err * a / batch.len() as f32;
                     }
-                    local_grad[d] += 0.5 * err * err / batch.len() as f32;
+                    loss_sum += 0.5 * (err * err) as f64;
                 }
             }
             let compute_s = t0.elapsed().as_secs_f64();
+            let s = cpu.sample();
+            let stats = RankStats {
+                batch: mine.len(),
+                compute_s,
+                loss_sum,
+                interference_s: s.interference_s,
+                cpu_share: s.cpu_share,
+            };
 
-            // Everyone learns everyone's (b_i, t_i) before the allreduce, then the balancer (a pure
-            // function of those) gives every rank the same next split.
-            comm.all_gather_into(&[mine.len() as f64, compute_s], &mut stats);
-            let obs: Vec<Observation> =
-                stats.chunks(2).map(|s| Observation { batch: s[0] as usize, compute_s: s[1] }).collect();
-            balancer.observe(&obs);
-
-            // The distributed step: Σ_ranks (gradient sum / B) = exact mean gradient of the batch.
-            comm.all_reduce_sum_into(&local_grad, &mut grad);
-            for (wi, g) in w.iter_mut().zip(&grad[..d]) {
+            // The distributed step: Σ_ranks (gradient sum / B) = exact mean gradient of the batch,
+            // and in the same allreduce every rank learns every rank's stats.
+            sync.all_reduce(&comm, &mut local_grad, &stats);
+            for (wi, g) in w.iter_mut().zip(sync.grad()) {
                 *wi -= 0.5 * g;
             }
+            // The balancer, a pure function of the gathered (b_i, t_i), gives every rank the same
+            // next split.
+            let obs: Vec<Observation> =
+                sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }).collect();
+            balancer.observe(&obs);
             if rank == 0 && t == plan.iterations() - 1 {
-                let s = cpu.sample();
+                let loss = sync.stats.iter().map(|s| s.loss_sum).sum::<f64>() / batch.len() as f64;
                 println!(
-                    "epoch {epoch}: loss {:.5}  sizes {:?}  cpu share {:.2}  interference {:.3} s",
-                    grad[d],
+                    "epoch {epoch}: loss {loss:.5}  sizes {:?}  cpu share {:.2}  interference {:.3} s",
                     balancer.sizes(),
                     s.cpu_share,
                     s.interference_s

@@ -76,6 +76,11 @@ impl Mpi {
 }
 
 impl Mpi {
+    /// The rsmpi world communicator, for calls beyond the [`Communicator`] trait (benchmarks).
+    pub fn world(&self) -> &SimpleCommunicator {
+        &self.world
+    }
+
     /// Ends every rank of the job (`MPI_Abort`), for errors that leave other ranks blocked.
     pub fn abort(&self, code: i32) -> ! {
         self.world.abort(code)

@@ -6,8 +6,9 @@
 //! down, every rank waits for it at every allreduce.
 //!
 //! LB-BSP (Chen et al., "Semi-dynamic load balancing", SoCC'20) re-sizes the slices at iteration
-//! boundaries instead. Before each allreduce every rank's batch size `b_i` and compute time `t_i`
-//! of the iteration become known to all ranks; each rank's speed is modelled by a linear regression
+//! boundaries instead. The gradient allreduce also carries every rank's batch size `b_i` and compute
+//! time `t_i` of the iteration, so they become known to all ranks; each rank's speed is modelled by
+//! a linear regression
 //!
 //! ```text
 //!     t_i(b) ≈ α_i + β_i · b        (weighted least squares with exponential forgetting)
@@ -30,7 +31,8 @@
 //! The CLI (`lbbsp train`) is one user of the library; yours can be another. The pieces are
 //! [`comm::Communicator`] (MPI via rsmpi, or [`comm::Local`] threads for tests),
 //! [`shard::EpochPlan`] and [`shard::slice_for`] (the sharder), [`profile::CpuSampler`] (the
-//! profiler) and [`balance::Balancer`] (the balancer); see `examples/custom_loop.rs` and the loop
+//! profiler), [`sync::GradSync`] (gradient and stats in one allreduce) and [`balance::Balancer`]
+//! (the balancer); see `examples/custom_loop.rs` and the loop
 //! in [`train::train`].
 
 pub mod balance;
@@ -63,6 +65,7 @@ pub mod recipe;
 pub mod residual;
 pub mod rng;
 pub mod shard;
+pub mod sync;
 pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};

@@ -1,7 +1,8 @@
 //! Machine-readable output: one JSON object per iteration (JSONL) and one summary per run.
 //!
-//! Rank 0 writes both, from per-rank values that every rank contributes to the small stats
-//! collective of each iteration, so the arrays are indexed by rank.
+//! Rank 0 writes both, from per-rank values that every rank contributes to each iteration's
+//! collective (the stats slots of [`GradSync`](crate::sync::GradSync)), so the arrays are indexed by
+//! rank.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -24,9 +25,12 @@ pub struct IterRecord {
     pub batch_sizes: Vec<usize>,
     /// Per rank: seconds of gather + forward + backward of its slice.
     pub compute_s: Vec<f64>,
-    /// Per rank: seconds spent waiting for slower ranks before the allreduce.
+    /// Per rank: seconds of the iteration's collective spent waiting for slower ranks. Waiting and
+    /// transfer happen inside one allreduce, so this is inferred: `max_j compute_j − compute_i`,
+    /// clamped to `[0, collective seconds]` (see [`SyncTime`](crate::sync::SyncTime)).
     pub wait_s: Vec<f64>,
-    /// Per rank: seconds in the gradient allreduce (transfer).
+    /// Per rank: the rest of the collective's seconds (transfer): `wait_s + comm_s` is the measured
+    /// duration of the gradient + stats allreduce.
     pub comm_s: Vec<f64>,
     /// Per rank: CPU seconds other processes used on this rank's cores during the iteration.
     pub interference_s: Vec<f64>,

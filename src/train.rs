@@ -3,16 +3,18 @@
 //! Per iteration, on every rank:
 //! 1. take this rank's slice of the global batch (sizes from the [`Balancer`]),
 //! 2. forward + backward: local gradient `Σ_{j ∈ slice} ∇ℓ_j / B` (timed: compute),
-//! 3. stats collective: every rank's `(b_i, compute_i, …)` becomes known to all (its duration is the
-//!    time this rank waited for slower ones),
-//! 4. **the distributed step**: allreduce-sum of the local gradients = the exact mean gradient of the
-//!    global batch, whatever the split (timed: transfer),
-//! 5. identical optimizer step everywhere (after optional gradient-norm clipping); the balancer, fed
+//! 3. **the distributed step**, one collective ([`GradSync`]): allreduce-sum of
+//!    `[local gradient | stats slots]`. The gradient part of the sum is the exact mean gradient of
+//!    the global batch, whatever the split; the stats part is an all-gather of every rank's
+//!    `(b_i, compute_i, loss, …)`, since each rank writes only its own slot and zeros elsewhere.
+//!    Its duration splits into waiting for the slowest rank and transfer
+//!    ([`SyncTime`](crate::sync::SyncTime)),
+//! 4. identical optimizer step everywhere (after optional gradient-norm clipping); the balancer, fed
 //!    the same gathered stats on every rank, computes the same next split everywhere (no broadcast
 //!    needed).
 //!
 //! Given the parameters, the optimizer state, the position in the epoch permutation and the balancer
-//! state, the loop is deterministic, so a run resumed from a [`checkpoint`](crate::checkpoint) ends with
+//! state, the loop is deterministic, so a run resumed from a [`checkpoint`] ends with
 //! the same weights as one that never stopped (bit for bit at a fixed split, as under `bsp`).
 
 use crate::balance::{Balancer, Observation};
@@ -27,6 +29,7 @@ use crate::optim::{clip_grad_norm, Optimizer};
 use crate::profile::CpuSampler;
 use crate::recipe::Recipe;
 use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
+use crate::sync::{GradSync, RankStats};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -58,9 +61,6 @@ pub struct RunOptions {
     pub resume: Option<PathBuf>,
 }
 
-/// Values each rank contributes to the per-iteration stats collective.
-const STATS: usize = 5;
-
 /// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
 pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
     let (rank, world) = (comm.rank(), comm.world_size());
@@ -69,7 +69,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
     model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
     comm.broadcast_into(0, &mut model.params);
-    let mut global_grad = vec![0.0f32; model.params.len()];
+    let mut sync = GradSync::new(model.params.len(), world);
     let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
     if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &opts.resume, rank) {
         checkpoint::check_fresh(dir)?;
@@ -116,7 +116,6 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let mut records: Vec<IterRecord> = Vec::with_capacity(total_iters.saturating_sub(start.step));
     let mut evals = start.evals.clone();
     let mut sampler = CpuSampler::new();
-    let mut all = vec![0.0f64; STATS * world];
     let (mut iter, mut train_s, mut epochs_run) = (start.step, 0.0f64, start.epoch);
     let mut epoch_loss = start.epoch_loss;
     // Where the next iteration is: (epoch, global batches of it done).
@@ -151,33 +150,33 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             stretch(&opts.slowdowns, rank, iter, t0.elapsed());
             let compute_s = t0.elapsed().as_secs_f64();
             let cpu = sampler.sample();
+            let mine = RankStats {
+                batch: slice.len(),
+                compute_s,
+                loss_sum: local.loss_sum,
+                interference_s: cpu.interference_s,
+                cpu_share: cpu.cpu_share,
+            };
 
-            // Stats exchange: every rank learns every (b_i, compute_i) before the allreduce. Fast
-            // ranks block here until the slowest arrives, so this is also the waiting time.
-            let t1 = Instant::now();
-            let mine = [slice.len() as f64, compute_s, local.loss_sum, cpu.interference_s, cpu.cpu_share];
-            comm.all_gather_into(&mine, &mut all);
-            let wait_s = t1.elapsed().as_secs_f64();
-
-            // ---- The distributed step: weighted gradient allreduce. Each rank contributed its
-            // gradient *sum* / B, so the sum over ranks is the exact mean over the global batch. ----
-            let t2 = Instant::now();
-            comm.all_reduce_sum_into(&model.grads, &mut global_grad);
-            let comm_s = t2.elapsed().as_secs_f64();
+            // ---- The distributed step: weighted gradient allreduce, carrying every rank's stats.
+            // Each rank contributed its gradient *sum* / B, so the sum over ranks is the exact mean
+            // over the global batch. Fast ranks block in it until the slowest arrives: the time is
+            // split into wait (for the slowest rank's compute) and transfer, see `SyncTime`. ----
+            let took = sync.all_reduce(comm, &mut model.grads, &mine);
 
             // Same gradient on every rank, so the same clipping factor everywhere.
             if let Some(max_norm) = recipe.optimizer.clip_grad_norm {
-                clip_grad_norm(&mut global_grad, max_norm);
+                clip_grad_norm(sync.grad_mut(), max_norm);
             }
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
-            opt.step(&mut model.params, &global_grad, lr);
+            opt.step(&mut model.params, sync.grad(), lr);
             let obs: Vec<Observation> =
-                all.chunks_exact(STATS).map(|s| Observation { batch: s[0] as usize, compute_s: s[1] }).collect();
+                sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }).collect();
             balancer.observe(&obs);
 
             let iter_s = t_iter.elapsed().as_secs_f64();
             train_s += iter_s;
-            let loss = all.chunks_exact(STATS).map(|s| s[2]).sum::<f64>() / batch.len() as f64;
+            let loss = sync.stats.iter().map(|s| s.loss_sum).sum::<f64>() / batch.len() as f64;
             epoch_loss.0 += loss;
             epoch_loss.1 += 1;
             records.push(IterRecord {
@@ -188,11 +187,11 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 lr,
                 global_batch: batch.len(),
                 batch_sizes: sizes.clone(),
-                compute_s: column(&all, 1),
-                wait_s: vec![wait_s],
-                comm_s: vec![comm_s],
-                interference_s: column(&all, 3),
-                cpu_share: column(&all, 4),
+                compute_s: sync.stats.iter().map(|s| s.compute_s).collect(),
+                wait_s: vec![took.wait_s],
+                comm_s: vec![took.comm_s],
+                interference_s: sync.stats.iter().map(|s| s.interference_s).collect(),
+                cpu_share: sync.stats.iter().map(|s| s.cpu_share).collect(),
                 iter_s,
                 samples_per_s: batch.len() as f64 / iter_s,
             });
@@ -232,8 +231,8 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         save(&progress_at(iter, pos, epoch_loss, &evals), &model, &opt, &balancer)?;
     }
 
-    // Wait and transfer times are per rank but only known after the stats collective, so they are
-    // gathered once at the end (one collective, not one per iteration).
+    // Wait and transfer times are per rank but only known after the iteration's collective, so
+    // they are gathered once at the end (one collective, not one per iteration).
     fill_late_columns(&mut records, comm);
     if let Some(w) = metrics.as_mut() {
         for r in &records {
@@ -309,10 +308,6 @@ fn progress_at(
     evals: &[EvalResult],
 ) -> Progress {
     Progress { step, epoch, batch_in_epoch, epoch_loss, evals: evals.to_vec() }
-}
-
-fn column(all: &[f64], k: usize) -> Vec<f64> {
-    all.chunks_exact(STATS).map(|s| s[k]).collect()
 }
 
 /// Replaces each record's one-element `wait_s`/`comm_s` (this rank's) with the per-rank arrays.

@@ -1,0 +1,121 @@
+//! Cost of lbbsp's per-iteration synchronisation against a bare `MPI_Allreduce` of the same gradient.
+//! Run it under MPI (alone it is one rank, and every collective is a copy):
+//!
+//!     scripts/bench_sync.sh                  # mpirun -n 2, one rank per core
+//!
+//! For the gradients of the shipped W1 MLP (mnist-mlp) and LeNet-5 (mnist-lenet5) it interleaves
+//! repetitions of
+//! - `bare`:   rsmpi `all_reduce_into` of the gradient (MPI_Allreduce, sum, f32), nothing else;
+//! - `lbbsp`:  [`GradSync::all_reduce`], the training loop's whole synchronisation (gradient and
+//!   every rank's stats in one allreduce, stats decoded, wait/transfer split);
+//! - `two`:    the loop before `GradSync`: a stats all-gather, then the gradient allreduce;
+//!
+//! with a barrier before each call and the order rotated every repetition, so each measures its
+//! collective from a common start. A repetition's time is the slowest rank's; the table shows
+//! medians and 10th percentiles (the quiet-machine cost) and their ratios to `bare` (issue 5 asks
+//! `lbbsp / bare ≤ 1.1`). `REPS` sets the count.
+
+use lbbsp::comm::{Communicator, Mpi};
+use lbbsp::model::Model;
+use lbbsp::sync::{GradSync, RankStats};
+use mpi::collective::SystemOperation;
+use mpi::traits::CommunicatorCollectives;
+use std::hint::black_box;
+use std::time::Instant;
+
+const METHODS: [&str; 3] = ["bare", "lbbsp", "two"];
+
+fn main() -> anyhow::Result<()> {
+    let comm = Mpi::init()?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let reps: usize = std::env::var("REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
+    if rank == 0 {
+        println!("{world} rank(s), {reps} repetitions each, interleaved; times are the slowest rank's");
+        println!(
+            "{:<14} {:>9} {:>11} {:>11} {:>11} {:>12} {:>10}",
+            "gradient", "floats", "bare", "lbbsp", "two", "lbbsp/bare", "two/bare"
+        );
+    }
+    for name in ["mnist-mlp", "mnist-lenet5"] {
+        let recipe = lbbsp::recipe::resolve(name, &[])?;
+        let n = Model::new(&recipe.model, &[1, 28, 28], 10, recipe.train.seed)?.params.len();
+        let times = measure(&comm, n, reps);
+        // Every rank's times, then the slowest rank's per repetition.
+        let mut all = vec![0.0f64; times.len() * world];
+        comm.all_gather_into(&times, &mut all);
+        if rank == 0 {
+            // Per method, the slowest rank's time of each repetition, sorted.
+            let sorted: Vec<Vec<f64>> = (0..METHODS.len())
+                .map(|m| {
+                    let mut v: Vec<f64> = (0..reps)
+                        .map(|i| (0..world).map(|r| all[r * times.len() + i * METHODS.len() + m]).fold(0.0, f64::max))
+                        .collect();
+                    v.sort_by(f64::total_cmp);
+                    v
+                })
+                .collect();
+            let med: Vec<f64> = sorted.iter().map(|v| v[v.len() / 2]).collect();
+            // The 10th percentile: the cost on a quiet machine.
+            let p10: Vec<f64> = sorted.iter().map(|v| v[v.len() / 10]).collect();
+            println!(
+                "{name:<14} {n:>9} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>12.3} {:>10.3}",
+                1e6 * med[0],
+                1e6 * med[1],
+                1e6 * med[2],
+                med[1] / med[0],
+                med[2] / med[0]
+            );
+            println!(
+                "{:<14} {:>9} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>12.3} {:>10.3}",
+                "  10th pct",
+                "",
+                1e6 * p10[0],
+                1e6 * p10[1],
+                1e6 * p10[2],
+                p10[1] / p10[0],
+                p10[2] / p10[0]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Seconds of each method in each repetition, `[rep][method]` flattened.
+fn measure(comm: &Mpi, n: usize, reps: usize) -> Vec<f64> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mut grads: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 1e-3 + rank as f32).collect();
+    // One send buffer for all; each method receives into its own buffer (as `GradSync` does), so
+    // none finds its output already in cache because another method just wrote it.
+    let (mut summed, mut summed_two) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let mut sync = GradSync::new(n, world);
+    let mine = RankStats { batch: 64, compute_s: 1e-3, loss_sum: 140.0, interference_s: 0.0, cpu_share: 1.0 };
+    let mut gathered = vec![0.0f64; 5 * world];
+    let mut times = vec![0.0f64; reps * METHODS.len()];
+    // Warm up: first-touch of the buffers, MPI's connection setup, the tail's one-time growth.
+    for _ in 0..20 {
+        comm.world().all_reduce_into(&grads[..], &mut summed[..], SystemOperation::sum());
+        comm.world().all_reduce_into(&grads[..], &mut summed_two[..], SystemOperation::sum());
+        sync.all_reduce(comm, &mut grads, &mine);
+    }
+    for i in 0..reps {
+        for k in 0..METHODS.len() {
+            let m = (i + k) % METHODS.len();
+            comm.barrier();
+            let t = Instant::now();
+            match m {
+                0 => comm.world().all_reduce_into(&grads[..], &mut summed[..], SystemOperation::sum()),
+                1 => {
+                    black_box(sync.all_reduce(comm, &mut grads, &mine));
+                }
+                _ => {
+                    let stats = [mine.batch as f64, mine.compute_s, mine.loss_sum, mine.interference_s, mine.cpu_share];
+                    comm.all_gather_into(&stats, &mut gathered);
+                    comm.all_reduce_sum_into(&grads, &mut summed_two);
+                }
+            }
+            times[i * METHODS.len() + m] = t.elapsed().as_secs_f64();
+        }
+    }
+    black_box((&summed, &summed_two, sync.grad(), &gathered));
+    times
+}
