@@ -122,6 +122,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let mut pos = (start.epoch, start.batch_in_epoch);
     let started = Instant::now();
 
+    let mut obs: Vec<Observation> = Vec::with_capacity(world);
     'epochs: for epoch in start.epoch..cfg.epochs {
         let plan = EpochPlan::new(n, cfg.global_batch, cfg.seed, epoch as u64);
         let first = if epoch == start.epoch { start.batch_in_epoch } else { 0 };
@@ -170,8 +171,8 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             }
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
             opt.step(&mut model.params, sync.grad(), lr);
-            let obs: Vec<Observation> =
-                sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }).collect();
+            obs.clear();
+            obs.extend(sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
             balancer.observe(&obs);
 
             let iter_s = t_iter.elapsed().as_secs_f64();
@@ -196,7 +197,9 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 samples_per_s: batch.len() as f64 / iter_s,
             });
             bar.set_position(iter as u64 + 1);
-            bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
+            if !bar.is_hidden() {
+                bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
+            }
             iter += 1;
             pos = (epoch, t + 1);
             if opts.checkpoint_every.is_some_and(|k| iter % k == 0) {
