@@ -206,7 +206,7 @@ impl Conv2d {
             .zip(x.par_chunks(SAMPLES_PER_TASK * in_len))
             .zip(y.par_chunks_mut(SAMPLES_PER_TASK * out_len))
             .for_each(|((s, x), y)| {
-                d.reserve(s, false);
+                d.reserve(s, 1, false);
                 for (x, y) in x.chunks_exact(in_len).zip(y.chunks_exact_mut(out_len)) {
                     d.forward(s, weights, bias, x, y);
                 }
@@ -226,13 +226,9 @@ impl Conv2d {
             d.backward_weights(w, &mut self.weights);
         }
         let weights = &self.weights[..];
-        let task = |s: &mut Scratch, acc: &mut [f32], x: &[f32], dy: &[f32], mut dx: Option<&mut [f32]>| {
-            d.reserve(s, want_dx);
-            d.start_task(s);
-            for (n, (x, dy)) in x.chunks_exact(in_len).zip(dy.chunks_exact(o * pix)).enumerate() {
-                d.backward(s, weights, x, dy, dx.as_deref_mut().map(|dx| &mut dx[n * in_len..(n + 1) * in_len]));
-            }
-            d.finish_task(s, acc);
+        let task = |s: &mut Scratch, acc: &mut [f32], x: &[f32], dy: &[f32], dx: Option<&mut [f32]>| {
+            d.reserve(s, per, want_dx);
+            d.backward(s, weights, (x, dy), dx, acc);
         };
         let tasks_iter = self.scratch[..tasks]
             .par_iter_mut()
