@@ -1,6 +1,12 @@
-//! 2-D convolution by im2col + GEMM, rayon over tasks of [`SAMPLES_PER_TASK`] samples.
+//! 2-D convolution, rayon over tasks of [`SAMPLES_PER_TASK`] samples.
 //!
-//! A task unrolls its `S` samples (`C×H×W` each) into one column matrix `col` (`Ckk × S·H'W'`,
+//! Stride-1 convolutions (every one of LeNet-5's, the 3×3 ones of the residual recipes) run
+//! directly on the padded planes, without unrolling them: see [`crate::correlate`], whose register
+//! tiles keep a few output planes in AVX-512 registers per tap. That beats unrolling when channels
+//! are few (LeNet's first layer has `C·k·k = 25` and `O = 6`, where an im2col matrix is 25 times
+//! the input and a GEMM spends its time packing it).
+//!
+//! Strided convolutions use im2col + GEMM. A task unrolls its `S` samples (`C×H×W` each) into one column matrix `col` (`Ckk × S·H'W'`,
 //! `Ckk = C·k·k`) whose column `n·H'W' + p` holds the receptive field of output pixel `p` of sample
 //! `n` (zeros where it overhangs the padding). Then, with `∂Y` gathered into the same
 //! channel-major layout (`O × S·H'W'`),
