@@ -248,7 +248,7 @@ impl Direct {
             dot_lanes(acc, [plane(0), plane(1)], lanes, xp, &self.offsets);
         }
         for (o, db) in db.iter_mut().enumerate() {
-            for dyp in s.dyp.chunks_exact(dys) {
+            for dyp in s.dyp.chunks_exact(dys).take(samples) {
                 sum_into_lanes(db, &dyp[o * n..o * n + lanes]);
             }
         }
