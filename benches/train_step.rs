@@ -1,35 +1,62 @@
-//! One training step (forward + backward + SGD) of the reference models, in samples/s.
+//! One training step (forward + backward + SGD) of the two peer workloads, in samples/s:
+//! W1 is the `mnist-mlp` recipe at batch 128; W2 is the peers' LeNet-5 (no padding, plain SGD with
+//! momentum, see `/work/shared/peers/README.md`) at batch 64.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbbsp::layers::Mode;
-use lbbsp::model::Model;
-use lbbsp::optim::Sgd;
+use lbbsp::model::{Model, ModelSpec};
+use lbbsp::optim::{OptimizerConfig, Sgd};
 use lbbsp::recipe::resolve;
 use lbbsp::rng::Rng;
 use std::hint::black_box;
 
-/// A model of `recipe` with a random MNIST-shaped batch of `b` loaded, and its optimizer.
-fn setup(recipe: &str, shape: &[usize], classes: usize, b: usize) -> (Model, Sgd, f32) {
-    let r = resolve(recipe, &[]).expect("shipped recipe");
-    let mut m = Model::new(&r.model, shape, classes, 1).expect("model");
+/// W2 exactly as the peers build it: unpadded LeNet-5, SGD lr 0.05 momentum 0.9.
+const W2_MODEL: &str = r#"
+loss = "softmax-cross-entropy"
+layers = [
+    { type = "conv2d", out_channels = 6, kernel = 5 },
+    { type = "relu" },
+    { type = "max-pool2d", kernel = 2 },
+    { type = "conv2d", out_channels = 16, kernel = 5 },
+    { type = "relu" },
+    { type = "max-pool2d", kernel = 2 },
+    { type = "flatten" },
+    { type = "linear", out = 120 },
+    { type = "relu" },
+    { type = "linear", out = 84 },
+    { type = "relu" },
+    { type = "linear", out = 10 },
+]"#;
+const W2_OPTIMIZER: &str = r#"kind = "sgd"
+lr = 0.05
+momentum = 0.9"#;
+
+/// A model of `spec` with a random MNIST-shaped batch of `b` loaded, and its optimizer.
+fn setup(spec: &ModelSpec, opt: &OptimizerConfig, b: usize) -> (Model, Sgd, f32) {
+    let classes = 10;
+    let mut m = Model::new(spec, &[1, 28, 28], classes, 1).expect("model");
     m.set_capacity(b);
     let mut rng = Rng::from_keys(&[1]);
     let (x, y, ids) = m.input_mut(b);
     x.iter_mut().for_each(|v| *v = rng.uniform(1.0));
     y.iter_mut().for_each(|v| *v = rng.below(classes) as u32);
     ids.iter_mut().enumerate().for_each(|(i, v)| *v = i);
-    let opt = Sgd::new(&r.optimizer, m.params.len());
-    (m, opt, r.optimizer.lr)
+    let sgd = Sgd::new(opt, m.params.len());
+    (m, sgd, opt.lr)
 }
 
 fn train_step(c: &mut Criterion) {
     let mode = Mode { train: true, seed: 1, epoch: 0 };
+    let mlp = resolve("mnist-mlp", &[]).expect("shipped recipe");
+    let lenet: ModelSpec = toml::from_str(W2_MODEL).expect("W2 model");
+    let sgd: OptimizerConfig = toml::from_str(W2_OPTIMIZER).expect("W2 optimizer");
+    let workloads = [("w1-mnist-mlp", &mlp.model, &mlp.optimizer, 128), ("w2-lenet5", &lenet, &sgd, 64)];
     let mut g = c.benchmark_group("train_step");
-    for &b in &[128usize] {
-        let (mut m, mut opt, lr) = setup("mnist-mlp", &[1, 28, 28], 10, b);
+    for (name, spec, opt, b) in workloads {
+        let (mut m, mut opt, lr) = setup(spec, opt, b);
         let mut grads = vec![0.0; m.params.len()];
         g.throughput(Throughput::Elements(b as u64));
-        g.bench_with_input(BenchmarkId::new("mnist-mlp", b), &b, |bench, &b| {
+        g.bench_with_input(BenchmarkId::new(name, b), &b, |bench, &b| {
             bench.iter(|| {
                 let st = m.forward_backward(b, 1.0 / b as f32, mode);
                 grads.copy_from_slice(&m.grads);

@@ -41,6 +41,7 @@ pub mod chain;
 pub mod checkpoint;
 pub mod comm;
 pub mod conv;
+pub mod correlate;
 pub mod csv;
 pub mod dataset;
 pub mod dropout;

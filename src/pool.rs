@@ -7,6 +7,7 @@
 use crate::conv::out_len;
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use rayon::prelude::*;
+use std::hint::select_unpredictable;
 
 /// Shape of a square pooling window sweep over `[C, H, W]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,31 @@ impl Window {
                 for ox in 0..ow {
                     f((c * oh + oy) * ow + ox, c * h * w + oy * s * w + ox * s);
                 }
+            }
+        }
+    }
+    /// Max over every window of one sample (`x: C×H×W → y: C×H'×W'`) and the input offset of its
+    /// first maximum in row-major window order, branch-free, so the compares of random data cost no
+    /// mispredictions.
+    fn max(&self, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
+        let [c_in, h, w] = self.input;
+        let [oh, ow] = self.out_hw;
+        let (k, s) = (self.kernel, self.stride);
+        let rows = y.chunks_exact_mut(ow).zip(arg.chunks_exact_mut(ow));
+        for (r, (y, arg)) in rows.enumerate().take(c_in * oh) {
+            let base = (r / oh) * h * w + (r % oh) * s * w;
+            for (ox, (y, a)) in y.iter_mut().zip(arg.iter_mut()).enumerate() {
+                let corner = base + ox * s;
+                let (mut best, mut at) = (x[corner], corner);
+                for ki in 0..k {
+                    let row = corner + ki * w;
+                    for (i, &v) in x[row..row + k].iter().enumerate() {
+                        let better = v > best;
+                        best = select_unpredictable(better, v, best);
+                        at = select_unpredictable(better, row + i, at);
+                    }
+                }
+                (*y, *a) = (best, at as u32);
             }
         }
     }
@@ -88,22 +114,7 @@ impl Layer for MaxPool2d {
             .zip(self.argmax[..b * ol].par_chunks_mut(ol))
             .zip(x[..b * il].par_chunks(il))
             .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|((y, arg), x)| {
-                win.for_each(|o, base| {
-                    let (mut best, mut at) = (x[base], base);
-                    for row in win.rows(base) {
-                        let start = row.start;
-                        for (j, &v) in x[row].iter().enumerate() {
-                            if v > best {
-                                best = v;
-                                at = start + j;
-                            }
-                        }
-                    }
-                    y[o] = best;
-                    arg[o] = at as u32;
-                })
-            });
+            .for_each(|((y, arg), x)| win.max(x, y, arg));
     }
     /// `∂x[argmax] += ∂y`, zero elsewhere.
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
@@ -241,5 +252,38 @@ mod tests {
         let mut y = vec![0.0; 2];
         gp.forward(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [4.5, 14.5]);
+    }
+
+    /// Max pooling of random data (with ties) against a direct search, for overlapping, exact and
+    /// gapped windows over batches spanning several rayon tasks; the gradient goes to the first
+    /// maximum in row-major window order.
+    #[test]
+    fn max_pool_matches_a_direct_search() {
+        let mut rng = crate::rng::Rng::from_keys(&[4]);
+        for (input, k, s) in [([2, 7, 6], 3, 2), ([3, 8, 8], 2, 2), ([1, 9, 7], 2, 3)] {
+            let mut mp = MaxPool2d::new(input, k, s);
+            let (il, ol, b) = (mp.window.in_len(), mp.window.out_len(), 11);
+            // Values on a coarse grid, so windows often hold equal maxima.
+            let x: Vec<f32> = (0..b * il).map(|_| (rng.uniform(4.0)).round()).collect();
+            let mut y = vec![f32::NAN; b * ol];
+            let ids: Vec<usize> = (0..b).collect();
+            mp.forward(&[], &x, &mut y, b, &Pass { mode: Mode { train: false, seed: 0, epoch: 0 }, sample_ids: &ids });
+            let dy: Vec<f32> = (0..b * ol).map(|i| i as f32 + 1.0).collect();
+            let mut dx = vec![f32::NAN; b * il];
+            mp.backward(&[], &mut [], Io { x: &x, y: &y, b }, &dy, Some(&mut dx));
+            let mut want_dx = vec![0.0; b * il];
+            for n in 0..b {
+                mp.window.for_each(|o, base| {
+                    let at =
+                        mp.window
+                            .rows(base)
+                            .flatten()
+                            .fold(base, |at, i| if x[n * il + i] > x[n * il + at] { i } else { at });
+                    assert_eq!(y[n * ol + o], x[n * il + at], "{input:?} k{k} s{s}: sample {n} output {o}");
+                    want_dx[n * il + at] += dy[n * ol + o];
+                });
+            }
+            assert_eq!(dx, want_dx, "{input:?} k{k} s{s}: gradient");
+        }
     }
 }
