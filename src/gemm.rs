@@ -5,14 +5,14 @@
 //! On x86-64 CPUs with AVX-512 (detected at run time) the product runs on lbbsp's own packed
 //! kernel: `op(B)` is packed into 32-column panels and `op(A)` into 12-row panels (the transposes
 //! happen during packing), and a 12×32 register tile (24 zmm accumulators, broadcast A times loaded B)
-//! is updated per `k` step. Columns of `C` are split over the rayon pool in 32-aligned chunks (rows
+//! is updated per `k` step. Columns of `C` are split over the [`team`] in 32-aligned chunks (rows
 //! when `C` is narrow), each thread packing into its own reused buffers, so a steady-state call
 //! allocates nothing. Elsewhere `matrixmultiply`'s kernels do the work, split the same way.
 //!
 //! Each element of `C` is the same sum in the same order whatever the thread count or the other rows
 //! of `A`: the reduction over `k` is blocked identically for every tile.
 
-use rayon::prelude::*;
+use crate::team;
 
 /// Whether an operand is used as stored or transposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,13 +59,9 @@ pub fn gemm(
         Trans::N => View { data: b, rs: n, cs: 1 },
         Trans::T => View { data: b, rs: 1, cs: k },
     };
-    let threads = rayon::current_num_threads();
-    let parallel = threads > 1 && m * n * k >= 1 << 17;
     let engine = Engine::detect();
-    if threads > 1 {
-        size_pool_buffers(engine);
-    }
-    if !parallel {
+    let threads = rayon::current_num_threads().min(team::size());
+    if threads <= 1 || m * n * k < 1 << 17 {
         engine.run(m, n, k, alpha, av, bv, beta, c, n, 0, 0);
         return;
     }
@@ -75,7 +71,7 @@ pub fn gemm(
     let cptr = SendPtr(c.as_mut_ptr());
     if panels_n.div_ceil(threads) * panels_m <= panels_m.div_ceil(threads) * panels_n {
         let per = panels_n.div_ceil(threads) * NR;
-        (0..n.div_ceil(per)).into_par_iter().for_each(|t| {
+        team::run(n.div_ceil(per), &|t| {
             let j0 = t * per;
             let cols = per.min(n - j0);
             // SAFETY: the column ranges [j0, j0+cols) of different tasks are disjoint, and `run`
@@ -85,14 +81,18 @@ pub fn gemm(
         });
     } else {
         let per = panels_m.div_ceil(threads) * MR;
-        c.par_chunks_mut(per * n).enumerate().for_each(|(t, cblk)| {
-            engine.run(cblk.len() / n, n, k, alpha, av, bv, beta, cblk, n, t * per, 0);
+        team::run(m.div_ceil(per), &|t| {
+            let i0 = t * per;
+            let rows = per.min(m - i0);
+            // SAFETY: row blocks [i0, i0+rows) of different tasks are disjoint and inside `c`.
+            let cblk = unsafe { std::slice::from_raw_parts_mut(cptr.get().add(i0 * n), rows * n) };
+            engine.run(rows, n, k, alpha, av, bv, beta, cblk, n, i0, 0);
         });
     }
 }
 
 struct SendPtr(*mut f32);
-// SAFETY: used only to hand disjoint column blocks of one `&mut [f32]` to rayon tasks.
+// SAFETY: used only to hand disjoint blocks of one `&mut [f32]` to team tasks.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
@@ -195,22 +195,16 @@ thread_local! {
     static PACK: std::cell::RefCell<Packed> = std::cell::RefCell::new(Packed::default());
 }
 
-/// Sizes the packing buffers of every thread of the current rayon pool, once per calling thread: which
-/// worker steals which block varies from call to call, so sizing lazily would let a worker allocate
-/// its buffers on its first block many steps into a run.
-fn size_pool_buffers(engine: Engine) {
-    thread_local! {
-        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
+/// Sizes this thread's packing buffers for the largest block, once: GEMM blocks run on the calling
+/// thread and on the [`team`]'s helpers (which call this when they start), so a steady-state call
+/// never allocates, whichever thread takes which block.
+pub fn prepare_thread() {
     #[cfg(target_arch = "x86_64")]
-    if matches!(engine, Engine::Avx512) && !DONE.get() {
-        rayon::broadcast(|_| {
-            PACK.with_borrow_mut(|p| {
-                aligned(&mut p.a, 0, KC * MC);
-                aligned(&mut p.b, 0, KC * NC);
-            })
-        });
-        DONE.set(true);
+    if matches!(Engine::detect(), Engine::Avx512) {
+        PACK.with_borrow_mut(|p| {
+            aligned(&mut p.a, 0, KC * MC);
+            aligned(&mut p.b, 0, KC * NC);
+        })
     }
 }
 

@@ -67,6 +67,7 @@ pub mod residual;
 pub mod rng;
 pub mod shard;
 pub mod sync;
+pub mod team;
 pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};

@@ -1,0 +1,185 @@
+//! A fixed team of helper threads for fine-grained fork-join inside one training step.
+//!
+//! A step of a small model is a dozen short parallel regions (one per GEMM) with serial work in
+//! between. A pool whose idle threads go to sleep pays a wake-up per region, and on a virtual
+//! machine a sleeping vCPU takes tens of microseconds to wake. The team's helpers instead spin for
+//! [`SPIN`] after each job before parking, as BLAS libraries' threads do, so back-to-back regions
+//! hand over in well under a microsecond. The team has `rayon::current_num_threads() − 1` helpers
+//! (read at first use; none with one thread per rank) and runs one job at a time: a caller that
+//! finds it busy (say a GEMM inside a rayon task) runs its tasks itself.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle helper keeps spinning before it parks.
+const SPIN: Duration = Duration::from_micros(300);
+
+type Job = dyn Fn(usize) + Sync;
+
+/// The job being run and the handshake with each helper.
+///
+/// Protocol: the caller (holding `Team::lock`) writes `job` and `tasks`, resets `next`, then posts the
+/// job's generation to every helper's `go`; a helper that sees a new `go` runs tasks and stores that
+/// generation into its `ack`. The caller returns only after every helper acked, so no helper ever
+/// touches a job's fields once its caller moved on, and the next caller writes them only then.
+struct Shared {
+    job: std::cell::UnsafeCell<Option<&'static Job>>,
+    tasks: std::cell::UnsafeCell<usize>,
+    next: AtomicUsize,
+    go: Vec<AtomicUsize>,
+    ack: Vec<AtomicUsize>,
+    parked: Vec<AtomicBool>,
+}
+
+// SAFETY: `job` and `tasks` are written only by the caller holding `Team::lock` while every helper has
+// acked the previous job, and read by helpers only between an Acquire of a new `go` and their `ack`.
+unsafe impl Sync for Shared {}
+
+struct Team {
+    shared: &'static Shared,
+    helpers: Vec<Thread>,
+    /// Held by the caller of the running job; holds the last generation posted.
+    lock: Mutex<usize>,
+}
+
+fn team() -> &'static Team {
+    static TEAM: OnceLock<Team> = OnceLock::new();
+    TEAM.get_or_init(|| {
+        let n = rayon::current_num_threads().saturating_sub(1);
+        let zeros = || (0..n).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>();
+        let shared: &'static Shared = Box::leak(Box::new(Shared {
+            job: std::cell::UnsafeCell::new(None),
+            tasks: std::cell::UnsafeCell::new(0),
+            next: AtomicUsize::new(0),
+            go: zeros(),
+            ack: zeros(),
+            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        }));
+        let helpers = (0..n)
+            .map(|i| {
+                std::thread::Builder::new()
+                    .name(format!("lbbsp-team-{i}"))
+                    .spawn(move || helper(shared, i))
+                    .expect("spawn a team thread")
+                    .thread()
+                    .clone()
+            })
+            .collect();
+        Team { shared, helpers, lock: Mutex::new(0) }
+    })
+}
+
+/// Threads a [`run`] can use: the caller plus the team's helpers.
+pub fn size() -> usize {
+    team().helpers.len() + 1
+}
+
+/// Runs `f(0..tasks)` on the caller and the team's helpers; returns when all tasks are done.
+/// Tasks are taken in order by whichever thread is free. With the team busy, the caller runs them.
+pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    let t = team();
+    let mut generation = match t.lock.try_lock() {
+        Ok(g) if !t.helpers.is_empty() && tasks > 1 => g,
+        _ => return (0..tasks).for_each(f),
+    };
+    let s = t.shared;
+    // SAFETY: the lifetime is erased only for this call: `run` returns after every helper acked this
+    // job, and helpers use it only before their ack.
+    let job: &'static Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) };
+    // SAFETY: we hold the lock and every helper acked the previous job (see `Shared`).
+    unsafe {
+        *s.job.get() = Some(job);
+        *s.tasks.get() = tasks;
+    }
+    s.next.store(0, Ordering::Relaxed);
+    *generation += 1;
+    let g = *generation;
+    for (i, h) in t.helpers.iter().enumerate() {
+        s.go[i].store(g, Ordering::SeqCst);
+        if s.parked[i].load(Ordering::SeqCst) {
+            h.unpark();
+        }
+    }
+    work(s, job, tasks);
+    for a in &s.ack {
+        while a.load(Ordering::Acquire) != g {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Takes and runs tasks of the current job until none are left.
+fn work(s: &Shared, job: &Job, tasks: usize) {
+    loop {
+        let i = s.next.fetch_add(1, Ordering::Relaxed);
+        if i >= tasks {
+            return;
+        }
+        job(i);
+    }
+}
+
+fn helper(s: &'static Shared, me: usize) {
+    crate::gemm::prepare_thread();
+    let mut seen = 0;
+    loop {
+        let since = Instant::now();
+        let mut spins = 0u32;
+        while s.go[me].load(Ordering::Acquire) == seen {
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 && since.elapsed() > SPIN {
+                s.parked[me].store(true, Ordering::SeqCst);
+                // A job posted before the flag was visible is caught by this re-check.
+                if s.go[me].load(Ordering::SeqCst) == seen {
+                    std::thread::park_timeout(Duration::from_millis(50));
+                }
+                s.parked[me].store(false, Ordering::SeqCst);
+            }
+            std::hint::spin_loop();
+        }
+        seen = s.go[me].load(Ordering::Acquire);
+        // SAFETY: posted before `go` (Release/SeqCst store, Acquire load above); unchanged until we ack.
+        let (job, tasks) = unsafe { (*s.job.get(), *s.tasks.get()) };
+        if let Some(job) = job {
+            work(s, job, tasks);
+        }
+        s.ack[me].store(seen, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once() {
+        for tasks in [0, 1, 2, 7, 64] {
+            let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+            for _ in 0..200 {
+                run(tasks, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200), "{tasks} tasks");
+        }
+    }
+
+    #[test]
+    fn concurrent_callers_each_get_their_tasks_done() {
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            for _ in 0..3 {
+                sc.spawn(|| {
+                    for _ in 0..100 {
+                        run(5, &|_| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 3 * 100 * 5);
+    }
+}
