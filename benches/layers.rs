@@ -1,12 +1,13 @@
 //! Forward + backward of each layer at the shapes of W2 (the peers' unpadded LeNet-5 on 28×28
-//! MNIST, batch 64), plus the GroupNorm/residual shapes of `fashion-resnet`, in samples/s. Every
-//! case computes the input gradient except W2's first convolution, which the model never asks for.
+//! MNIST, batch 64), W1's two large linear layers, the other element-wise layers, and the
+//! GroupNorm/residual shapes of `fashion-resnet`, in samples/s. Every case computes the input
+//! gradient except the first layers of W1 and W2 ("no dx"), for which the model never asks for it.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbbsp::chain::Chain;
 use lbbsp::conv::Conv2d;
 use lbbsp::dropout::Dropout;
-use lbbsp::layers::{Io, Layer, Linear, Mode, Pass, Relu};
+use lbbsp::layers::{Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
 use lbbsp::norm::GroupNorm;
 use lbbsp::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 use lbbsp::residual::Residual;
@@ -80,6 +81,10 @@ fn layers(c: &mut Criterion) {
         ("linear 256 -> 120", Box::new(Linear { inp: 256, out: 120 }), vec![256]),
         ("conv 1x28x28 -> 6 k5 p2", conv([1, 28, 28], 6, 5, 1, 2), vec![1, 28, 28]),
         ("avg-pool 16x10x10 k2", Box::new(AvgPool2d::new([16, 10, 10], 2, 2)), vec![16, 10, 10]),
+        ("linear 784 -> 512 (W1 fc1, no dx)", Box::new(Linear { inp: 784, out: 512 }), vec![784]),
+        ("linear 512 -> 256 (W1 fc2)", Box::new(Linear { inp: 512, out: 256 }), vec![512]),
+        ("tanh 512", Box::new(Tanh { shape: vec![512] }), vec![512]),
+        ("silu 16x14x14", Box::new(Silu { shape: vec![16, 14, 14] }), vec![16, 14, 14]),
         ("dropout 0.5 x 400", Box::new(Dropout::new(0.5, vec![400], 3)), vec![400]),
         ("global-avg-pool 16x10x10", Box::new(GlobalAvgPool { input: vec![16, 10, 10] }), vec![16, 10, 10]),
         ("group-norm 16x14x14 g4", Box::new(GroupNorm::new(4, vec![16, 14, 14])), vec![16, 14, 14]),

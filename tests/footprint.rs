@@ -1,0 +1,33 @@
+//! The bytes a run must hold (issue 5, target 6), measured by [`lbbsp::bench::Footprint`] from the
+//! process's heap statistics. A test binary of its own: glibc's `mallinfo2` is process-wide, so a
+//! neighbouring test freeing its thread's buffers mid-measurement would skew it.
+
+use lbbsp::dataset::{Dataset, Splits, RANDOM_MNIST_SHAPE};
+
+/// `n` random MNIST-shaped samples.
+fn images(n: usize) -> Dataset {
+    let mut rng = lbbsp::rng::Rng::from_keys(&[7]);
+    Dataset {
+        x: (0..n * 784).map(|_| rng.next_f32()).collect(),
+        y: (0..n).map(|_| rng.below(10) as u32).collect(),
+        sample_shape: RANDOM_MNIST_SHAPE.to_vec(),
+        classes: 10,
+    }
+}
+
+/// [`lbbsp::bench::Footprint`] counts the data set, parameters, two gradients, the momentum buffer
+/// and the model's activation buffers at its batch capacity (256 rows for W1).
+#[test]
+fn footprint_of_w1_counts_every_part() {
+    let recipe = lbbsp::recipe::resolve("bench-w1", &[]).unwrap();
+    let data = Splits { train: images(2), test: images(1) };
+    let f = lbbsp::bench::Footprint::measure(&recipe, &data, 1).unwrap();
+    let n = (784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10) as u64;
+    assert_eq!((f.dataset, f.params, f.grads, f.optimizer), (3 * 785 * 4, 4 * n, 8 * n, 4 * n));
+    // Input rows, the outputs of the 6 layers and the gradients of the first 5, 256 rows each: a
+    // lower bound; layer caches and small buffers come on top.
+    let floats = 784 + (784 + 512 + 512 + 256 + 256 + 10) + (784 + 512 + 512 + 256 + 256);
+    let least = 256 * 4 * floats as u64;
+    assert!(f.activations >= least && f.activations < least * 3 / 2, "{f:?}, at least {least}");
+    assert_eq!(f.total(), f.dataset + f.params + f.grads + f.optimizer + f.activations);
+}
