@@ -31,6 +31,8 @@ struct Shared {
     go: Vec<AtomicUsize>,
     ack: Vec<AtomicUsize>,
     parked: Vec<AtomicBool>,
+    /// Set by a helper whose task panicked (it still acks); the caller then panics too.
+    panicked: AtomicBool,
 }
 
 // SAFETY: `job` and `tasks` are written only by the caller holding `Team::lock` while every helper has
@@ -56,6 +58,7 @@ fn team() -> &'static Team {
             go: zeros(),
             ack: zeros(),
             parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            panicked: AtomicBool::new(false),
         }));
         let helpers = (0..n)
             .map(|i| {
@@ -80,8 +83,15 @@ pub fn size() -> usize {
 /// Tasks are taken in order by whichever thread is free. With the team busy, the caller runs them.
 pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let t = team();
-    let mut generation = match t.lock.try_lock() {
-        Ok(g) if !t.helpers.is_empty() && tasks > 1 => g,
+    // A task that panicked on the caller left the lock poisoned but the team consistent (the
+    // caller waited for every ack while unwinding), so a poisoned lock is taken as is.
+    let guard = match t.lock.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    let mut generation = match guard {
+        Some(g) if !t.helpers.is_empty() && tasks > 1 => g,
         _ => return (0..tasks).for_each(f),
     };
     let s = t.shared;
@@ -102,10 +112,27 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
             h.unpark();
         }
     }
+    // Waits for every helper's ack when dropped: also if a task panics on this thread, so `f` is not
+    // freed under a helper still running it.
+    let _acks = Acks { s, g };
     work(s, job, tasks);
-    for a in &s.ack {
-        while a.load(Ordering::Acquire) != g {
-            std::hint::spin_loop();
+    drop(_acks);
+    if s.panicked.swap(false, Ordering::AcqRel) {
+        panic!("a GEMM task panicked on a team thread");
+    }
+}
+
+struct Acks {
+    s: &'static Shared,
+    g: usize,
+}
+
+impl Drop for Acks {
+    fn drop(&mut self) {
+        for a in &self.s.ack {
+            while a.load(Ordering::Acquire) != self.g {
+                std::hint::spin_loop();
+            }
         }
     }
 }
@@ -143,7 +170,10 @@ fn helper(s: &'static Shared, me: usize) {
         // SAFETY: posted before `go` (Release/SeqCst store, Acquire load above); unchanged until we ack.
         let (job, tasks) = unsafe { (*s.job.get(), *s.tasks.get()) };
         if let Some(job) = job {
-            work(s, job, tasks);
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, job, tasks)));
+            if run.is_err() {
+                s.panicked.store(true, Ordering::Release);
+            }
         }
         s.ack[me].store(seen, Ordering::Release);
     }
@@ -164,6 +194,23 @@ mod tests {
             }
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200), "{tasks} tasks");
         }
+    }
+
+    #[test]
+    fn a_panicking_task_panics_the_caller_and_the_team_keeps_working() {
+        let r = std::panic::catch_unwind(|| {
+            run(8, &|i| {
+                if i == 5 {
+                    panic!("task 5");
+                }
+            })
+        });
+        assert!(r.is_err());
+        let n = AtomicUsize::new(0);
+        run(8, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 8);
     }
 
     #[test]
