@@ -488,6 +488,14 @@ mod avx512 {
 mod tests {
     use super::*;
 
+    /// Random `A` (`m×k`) and `B` (`k×n`) in ±1 from stream `key`.
+    fn operands(key: u64, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = crate::rng::Rng::from_keys(&[key]);
+        let a = (0..m * k).map(|_| rng.uniform(1.0)).collect();
+        let b = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+        (a, b)
+    }
+
     fn naive(ta: Trans, tb: Trans, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
         let at = |i: usize, p: usize| if ta == Trans::N { a[i * k + p] } else { a[p * m + i] };
         let bt = |p: usize, j: usize| if tb == Trans::N { b[p * n + j] } else { b[j * k + p] };
@@ -529,10 +537,8 @@ mod tests {
 
     #[test]
     fn portable_engine_matches_naive() {
-        let mut rng = crate::rng::Rng::from_keys(&[5]);
         let (m, n, k) = (37, 45, 29);
-        let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
-        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+        let (a, b) = operands(5, m, n, k);
         let want = naive(Trans::T, Trans::N, m, n, k, &a, &b);
         let mut c = vec![f32::NAN; m * n];
         let (av, bv) = (View { data: &a, rs: 1, cs: m }, View { data: &b, rs: n, cs: 1 });
@@ -544,10 +550,8 @@ mod tests {
 
     #[test]
     fn same_bits_whatever_the_thread_count() {
-        let mut rng = crate::rng::Rng::from_keys(&[4]);
         let (m, n, k) = (200, 300, 700);
-        let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
-        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+        let (a, b) = operands(4, m, n, k);
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut c = vec![0.0; m * n];

@@ -15,8 +15,10 @@
 //! (`install`), where lbbsp's code must allocate nothing at all, and from outside it, where every
 //! allocation must be an injector block (recognised by its backtrace).
 
+mod common;
+
+use common::images;
 use lbbsp::comm::{Communicator, Solo};
-use lbbsp::dataset::{Dataset, RANDOM_MNIST_SHAPE};
 use lbbsp::layers::Mode;
 use lbbsp::{Model, Optimizer};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -107,17 +109,6 @@ fn start_global_pool() {
     });
 }
 
-/// `n` random MNIST-shaped samples.
-fn images(n: usize) -> Dataset {
-    let mut rng = lbbsp::rng::Rng::from_keys(&[7]);
-    Dataset {
-        x: (0..n * 784).map(|_| rng.next_f32()).collect(),
-        y: (0..n).map(|_| rng.below(10) as u32).collect(),
-        sample_shape: RANDOM_MNIST_SHAPE.to_vec(),
-        classes: 10,
-    }
-}
-
 /// Where a step's parallel loops start from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Caller {
@@ -133,7 +124,7 @@ fn step_allocations(recipe: &str, caller: Caller, warmup: usize, steps: usize) -
     let recipe = lbbsp::recipe::resolve(recipe, &[]).unwrap();
     let b = recipe.train.global_batch;
     let data = images(4 * b);
-    let mut model = Model::new(&recipe.model, &RANDOM_MNIST_SHAPE, 10, 1).unwrap();
+    let mut model = Model::new(&recipe.model, &lbbsp::dataset::RANDOM_MNIST_SHAPE, 10, 1).unwrap();
     model.set_capacity(256);
     let mut global = vec![0.0f32; model.params.len()];
     let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());

@@ -2,18 +2,10 @@
 //! process's heap statistics. A test binary of its own: glibc's `mallinfo2` is process-wide, so a
 //! neighbouring test freeing its thread's buffers mid-measurement would skew it.
 
-use lbbsp::dataset::{Dataset, Splits, RANDOM_MNIST_SHAPE};
+mod common;
 
-/// `n` random MNIST-shaped samples.
-fn images(n: usize) -> Dataset {
-    let mut rng = lbbsp::rng::Rng::from_keys(&[7]);
-    Dataset {
-        x: (0..n * 784).map(|_| rng.next_f32()).collect(),
-        y: (0..n).map(|_| rng.below(10) as u32).collect(),
-        sample_shape: RANDOM_MNIST_SHAPE.to_vec(),
-        classes: 10,
-    }
-}
+use common::images;
+use lbbsp::dataset::Splits;
 
 /// [`lbbsp::bench::Footprint`] counts the data set, parameters, two gradients, the momentum buffer
 /// and the model's activation buffers at its batch capacity (256 rows for W1).

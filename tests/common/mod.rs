@@ -90,3 +90,14 @@ pub fn max_rel_diff(a: &[f64], b: &[f64], n: usize) -> f64 {
     assert!(a.len() >= n && b.len() >= n, "trajectories shorter than {n}: {} and {}", a.len(), b.len());
     a[..n].iter().zip(&b[..n]).map(|(x, y)| (x - y).abs() / x.abs().max(1e-12)).fold(0.0, f64::max)
 }
+
+/// `n` random MNIST-shaped samples (pixels uniform in [0, 1), labels 0..9), fixed seed.
+pub fn images(n: usize) -> lbbsp::dataset::Dataset {
+    let mut rng = lbbsp::rng::Rng::from_keys(&[7]);
+    lbbsp::dataset::Dataset {
+        x: (0..n * 784).map(|_| rng.next_f32()).collect(),
+        y: (0..n).map(|_| rng.below(10) as u32).collect(),
+        sample_shape: lbbsp::dataset::RANDOM_MNIST_SHAPE.to_vec(),
+        classes: 10,
+    }
+}
