@@ -57,24 +57,19 @@ fn main() -> anyhow::Result<()> {
             let med: Vec<f64> = sorted.iter().map(|v| v[v.len() / 2]).collect();
             // The 10th percentile: the cost on a quiet machine.
             let p10: Vec<f64> = sorted.iter().map(|v| v[v.len() / 10]).collect();
-            println!(
-                "{name:<14} {n:>9} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>12.3} {:>10.3}",
-                1e6 * med[0],
-                1e6 * med[1],
-                1e6 * med[2],
-                med[1] / med[0],
-                med[2] / med[0]
-            );
-            println!(
-                "{:<14} {:>9} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>12.3} {:>10.3}",
-                "  10th pct",
-                "",
-                1e6 * p10[0],
-                1e6 * p10[1],
-                1e6 * p10[2],
-                p10[1] / p10[0],
-                p10[2] / p10[0]
-            );
+            let row = |label: &str, size: String, t: &[f64]| {
+                let us = |x: f64| 1e6 * x;
+                println!(
+                    "{label:<14} {size:>9} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>12.3} {:>10.3}",
+                    us(t[0]),
+                    us(t[1]),
+                    us(t[2]),
+                    t[1] / t[0],
+                    t[2] / t[0]
+                );
+            };
+            row(name, n.to_string(), &med);
+            row("  10th pct", String::new(), &p10);
         }
     }
     Ok(())

@@ -60,6 +60,7 @@ pub fn gemm(
         Trans::T => View { data: b, rs: 1, cs: k },
     };
     let engine = Engine::detect();
+    prepare_callers();
     let threads = rayon::current_num_threads().min(team::size());
     if threads <= 1 || m * n * k < 1 << 17 {
         engine.run(m, n, k, alpha, av, bv, beta, c, n, 0, 0);
@@ -205,6 +206,26 @@ pub fn prepare_thread() {
             aligned(&mut p.a, 0, KC * MC);
             aligned(&mut p.b, 0, KC * NC);
         })
+    }
+}
+
+/// Sizes the packing buffers of every thread that may call [`gemm`]: the first call from a thread
+/// also sizes those of every worker of its rayon pool (a GEMM inside a rayon task makes that worker
+/// the caller, whichever worker it is, maybe many steps into a run) and marks them done.
+fn prepare_callers() {
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if DONE.get() {
+        return;
+    }
+    let prepare = || {
+        prepare_thread();
+        DONE.set(true);
+    };
+    prepare();
+    if rayon::current_num_threads() > 1 {
+        rayon::broadcast(|_| prepare());
     }
 }
 

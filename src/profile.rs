@@ -43,12 +43,6 @@ pub fn parse_cpu_list(list: &str) -> Vec<usize> {
     out
 }
 
-/// Busy seconds (everything but idle and iowait) of the given cores since boot, from `/proc/stat`.
-pub fn busy_s(cores: &[usize]) -> f64 {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    busy_s_from(&text, cores, ticks_per_s())
-}
-
 fn ticks_per_s() -> f64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -59,7 +53,8 @@ fn ticks_per_s() -> f64 {
     }
 }
 
-/// [`busy_s`] over the text of a `/proc/stat`.
+/// Busy seconds (everything but idle and iowait) of the given cores since boot, from the text of a
+/// `/proc/stat`.
 pub fn busy_s_from(stat: &str, cores: &[usize], ticks: f64) -> f64 {
     let mut total = 0u64;
     for line in stat.lines() {
@@ -108,7 +103,7 @@ impl CpuSampler {
         s
     }
 
-    /// [`busy_s`] through the open `/proc/stat` (0 where there is none).
+    /// [`busy_s_from`] of the open `/proc/stat`, re-read (0 where there is none).
     fn read_busy(&mut self) -> f64 {
         use std::io::{Read, Seek, SeekFrom};
         self.text.clear();

@@ -25,7 +25,7 @@ type Job = dyn Fn(usize) + Sync;
 /// generation into its `ack`. The caller returns only after every helper acked, so no helper ever
 /// touches a job's fields once its caller moved on, and the next caller writes them only then.
 struct Shared {
-    job: std::cell::UnsafeCell<Option<&'static Job>>,
+    job: std::cell::UnsafeCell<&'static Job>,
     tasks: std::cell::UnsafeCell<usize>,
     next: AtomicUsize,
     go: Vec<AtomicUsize>,
@@ -52,7 +52,7 @@ fn team() -> &'static Team {
         let n = rayon::current_num_threads().saturating_sub(1);
         let zeros = || (0..n).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>();
         let shared: &'static Shared = Box::leak(Box::new(Shared {
-            job: std::cell::UnsafeCell::new(None),
+            job: std::cell::UnsafeCell::new(&|_| {}),
             tasks: std::cell::UnsafeCell::new(0),
             next: AtomicUsize::new(0),
             go: zeros(),
@@ -100,7 +100,7 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let job: &'static Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) };
     // SAFETY: we hold the lock and every helper acked the previous job (see `Shared`).
     unsafe {
-        *s.job.get() = Some(job);
+        *s.job.get() = job;
         *s.tasks.get() = tasks;
     }
     s.next.store(0, Ordering::Relaxed);
@@ -169,11 +169,9 @@ fn helper(s: &'static Shared, me: usize) {
         seen = s.go[me].load(Ordering::Acquire);
         // SAFETY: posted before `go` (Release/SeqCst store, Acquire load above); unchanged until we ack.
         let (job, tasks) = unsafe { (*s.job.get(), *s.tasks.get()) };
-        if let Some(job) = job {
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, job, tasks)));
-            if run.is_err() {
-                s.panicked.store(true, Ordering::Release);
-            }
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, job, tasks)));
+        if run.is_err() {
+            s.panicked.store(true, Ordering::Release);
         }
         s.ack[me].store(seen, Ordering::Release);
     }
