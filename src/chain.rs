@@ -15,10 +15,15 @@ pub struct Chain {
     ranges: Vec<Range<usize>>,
     /// Per-sample shape at each boundary: `shapes[0]` is the input, `shapes[n]` the output.
     shapes: Vec<Vec<usize>>,
-    /// `acts[i]`: output of layer `i` (`capacity × |shapes[i + 1]|`).
+    /// `acts[i]`: output of layer `i` (`capacity × |shapes[i + 1]|`); empty for a layer that only
+    /// reshapes (see `home`).
     acts: Vec<Vec<f32>>,
     /// `dacts[i]`: `∂L/∂acts[i]` for `i < n − 1` (the last layer's comes from the caller).
     dacts: Vec<Vec<f32>>,
+    /// Where layer `i`'s output lives: `Some(j)` in `acts[j]` (and its gradient in `dacts[j]`),
+    /// `None` in the chain's input. A layer whose output is its input reshaped
+    /// ([`Layer::is_reshape`], below the last layer) is never run: it lives where its input lives.
+    home: Vec<Option<usize>>,
     capacity: usize,
 }
 
@@ -27,14 +32,17 @@ impl Chain {
     pub fn new(input_shape: &[usize], layers: Vec<Box<dyn Layer>>) -> Chain {
         let mut shapes = vec![input_shape.to_vec()];
         let mut ranges = Vec::with_capacity(layers.len());
+        let mut home = Vec::with_capacity(layers.len());
         let mut at = 0;
-        for l in &layers {
+        for (i, l) in layers.iter().enumerate() {
             let n: usize = l.param_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
             ranges.push(at..at + n);
             at += n;
             shapes.push(l.out_shape());
+            let aliased = l.is_reshape() && i + 1 < layers.len();
+            home.push(if aliased { i.checked_sub(1).and_then(|j| home[j]) } else { Some(i) });
         }
-        Chain { layers, ranges, shapes, acts: Vec::new(), dacts: Vec::new(), capacity: 0 }
+        Chain { layers, ranges, shapes, acts: Vec::new(), dacts: Vec::new(), home, capacity: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -81,9 +89,13 @@ impl Chain {
         }
         self.capacity = cap;
         let n = self.layers.len();
-        let zeros = |s: &Vec<usize>| vec![0.0; s.iter().product::<usize>() * cap];
-        self.acts = self.shapes[1..].iter().map(zeros).collect();
-        self.dacts = self.shapes[1..n.max(1)].iter().map(zeros).collect();
+        let home = &self.home;
+        let zeros = |(i, s): (usize, &Vec<usize>)| match home[i] == Some(i) {
+            true => vec![0.0; s.iter().product::<usize>() * cap],
+            false => Vec::new(),
+        };
+        self.acts = self.shapes[1..].iter().enumerate().map(zeros).collect();
+        self.dacts = self.shapes[1..n.max(1)].iter().enumerate().map(zeros).collect();
     }
 
     /// Output of the last forward pass, `b × out_len` (the chain must not be empty).
@@ -96,8 +108,14 @@ impl Chain {
         assert!(!self.is_empty() && b <= self.capacity, "chain: empty, or batch {b} above capacity {}", self.capacity);
         assert_eq!(p.len(), self.n_params(), "chain: parameter slice");
         for i in 0..self.layers.len() {
+            if self.home[i] != Some(i) {
+                continue;
+            }
             let (done, rest) = self.acts.split_at_mut(i);
-            let input: &[f32] = if i == 0 { x } else { &done[i - 1] };
+            let input: &[f32] = match i.checked_sub(1).and_then(|j| self.home[j]) {
+                None => x,
+                Some(j) => &done[j],
+            };
             self.layers[i].forward(&p[self.ranges[i].clone()], input, &mut rest[0], b, pass);
         }
     }
@@ -112,13 +130,17 @@ impl Chain {
         // that layer skips its input gradient (for W1 a third of the work) and those below are skipped.
         let lowest = if dx.is_some() { 0 } else { self.ranges.iter().position(|r| !r.is_empty()).unwrap_or(n) };
         for i in (lowest..n).rev() {
-            let io = Io { x: if i == 0 { x } else { &self.acts[i - 1] }, y: &self.acts[i], b };
+            if self.home[i] != Some(i) {
+                continue;
+            }
+            let below_home = i.checked_sub(1).and_then(|j| self.home[j]);
+            let io = Io { x: below_home.map_or(x, |j| &self.acts[j]), y: &self.acts[i], b };
             let (below, here) = self.dacts.split_at_mut(i);
             let dy_i: &[f32] = if i == n - 1 { dy } else { &here[0] };
-            let dx_i = match i {
-                0 => dx.take(),
-                _ if i == lowest => None,
-                _ => Some(&mut below[i - 1][..]),
+            let dx_i = match below_home {
+                _ if i > 0 && i == lowest => None,
+                None => dx.take(),
+                Some(j) => Some(&mut below[j][..]),
             };
             let r = self.ranges[i].clone();
             self.layers[i].backward(&p[r.clone()], &mut g[r], io, dy_i, dx_i);

@@ -74,9 +74,15 @@ impl Dataset {
     pub fn gather_into(&self, idx: &[usize], x: &mut [f32], y: &mut [u32]) {
         let d = self.dim();
         assert!(x.len() >= idx.len() * d && y.len() >= idx.len());
-        for (k, &i) in idx.iter().enumerate() {
-            x[k * d..(k + 1) * d].copy_from_slice(self.row(i));
-            y[k] = self.y[i];
+        // Rows come from all over the data set (memory-bound), so the copy runs on the step's team.
+        let rows = GATHER_ROWS_PER_TASK;
+        crate::team::zip_chunks_mut([&mut x[..idx.len() * d]], (rows * d).max(1), &|t, [xs]| {
+            for (row, &i) in xs.chunks_exact_mut(d).zip(&idx[t * rows..]) {
+                row.copy_from_slice(self.row(i));
+            }
+        });
+        for (y, &i) in y.iter_mut().zip(idx) {
+            *y = self.y[i];
         }
     }
 
@@ -89,6 +95,9 @@ impl Dataset {
         Dataset { x, y, sample_shape: self.sample_shape.clone(), classes: self.classes }
     }
 }
+
+/// Samples per team task when gathering a batch.
+const GATHER_ROWS_PER_TASK: usize = 16;
 
 /// Training and test splits of one data set.
 #[derive(Debug, Clone)]

@@ -13,8 +13,8 @@
 
 use crate::gemm::{gemm, Trans};
 use crate::rng::Rng;
+use crate::team;
 use ndarray::{ArrayView2, ArrayViewMut2, Zip};
-use rayon::prelude::*;
 
 /// How a batch is run: training or evaluation, and the keys of per-sample randomness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,11 @@ pub trait Layer: Send {
     fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass);
     /// Given `dy = ∂L/∂y`, writes `∂L/∂p` into `g` and, when asked, `∂L/∂x` into `dx`.
     fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>);
+    /// True for a layer whose output is its input, reshaped (its forward and backward copy): a
+    /// chain then skips it and hands the layer above the input's buffer itself.
+    fn is_reshape(&self) -> bool {
+        false
+    }
 }
 
 fn view2(s: &[f32], rows: usize, cols: usize) -> ArrayView2<'_, f32> {
@@ -130,14 +135,20 @@ impl Layer for Relu {
     }
     fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
         let n = b * self.shape.iter().product::<usize>();
-        y[..n].iter_mut().zip(&x[..n]).for_each(|(y, &x)| *y = x.max(0.0));
+        let c = ELEMENTWISE_CHUNK;
+        team::zip_chunks_mut([&mut y[..n]], c, &|i, [y]| {
+            y.iter_mut().zip(&x[i * c..]).for_each(|(y, &x)| *y = x.max(0.0));
+        });
     }
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
         if let Some(dx) = dx {
             let n = io.b * self.shape.iter().product::<usize>();
-            for ((dx, &dy), &y) in dx[..n].iter_mut().zip(&dy[..n]).zip(&io.y[..n]) {
-                *dx = if y > 0.0 { dy } else { 0.0 };
-            }
+            let c = ELEMENTWISE_CHUNK;
+            team::zip_chunks_mut([&mut dx[..n]], c, &|i, [dx]| {
+                for ((dx, &dy), &y) in dx.iter_mut().zip(&dy[i * c..]).zip(&io.y[i * c..]) {
+                    *dx = if y > 0.0 { dy } else { 0.0 };
+                }
+            });
         }
     }
 }
@@ -178,7 +189,7 @@ pub struct Silu {
     pub shape: Vec<usize>,
 }
 
-/// Elements per rayon task of the element-wise layers (the inner loops vectorise).
+/// Elements per team task of the element-wise layers (the inner loops vectorise).
 const ELEMENTWISE_CHUNK: usize = 1 << 14;
 
 impl Layer for Silu {
@@ -190,8 +201,9 @@ impl Layer for Silu {
     }
     fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
         let n = b * self.shape.iter().product::<usize>();
-        y[..n].par_chunks_mut(ELEMENTWISE_CHUNK).zip(x[..n].par_chunks(ELEMENTWISE_CHUNK)).for_each(|(y, x)| {
-            y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * sigmoid(x));
+        let c = ELEMENTWISE_CHUNK;
+        team::zip_chunks_mut([&mut y[..n]], c, &|i, [y]| {
+            y.iter_mut().zip(&x[i * c..]).for_each(|(y, &x)| *y = x * sigmoid(x));
         });
     }
     /// `∂x = ∂y · σ(x)·(1 + x·(1 − σ(x)))`.
@@ -199,14 +211,12 @@ impl Layer for Silu {
         if let Some(dx) = dx {
             let n = io.b * self.shape.iter().product::<usize>();
             let c = ELEMENTWISE_CHUNK;
-            dx[..n].par_chunks_mut(c).zip(dy[..n].par_chunks(c)).zip(io.x[..n].par_chunks(c)).for_each(
-                |((dx, dy), x)| {
-                    for ((dx, &dy), &x) in dx.iter_mut().zip(dy).zip(x) {
-                        let s = sigmoid(x);
-                        *dx = dy * s * (1.0 + x * (1.0 - s));
-                    }
-                },
-            );
+            team::zip_chunks_mut([&mut dx[..n]], c, &|i, [dx]| {
+                for ((dx, &dy), &x) in dx.iter_mut().zip(&dy[i * c..]).zip(&io.x[i * c..]) {
+                    let s = sigmoid(x);
+                    *dx = dy * s * (1.0 + x * (1.0 - s));
+                }
+            });
         }
     }
 }
@@ -241,6 +251,9 @@ pub struct Flatten {
 impl Layer for Flatten {
     fn kind(&self) -> &'static str {
         "flatten"
+    }
+    fn is_reshape(&self) -> bool {
+        true
     }
     fn out_shape(&self) -> Vec<usize> {
         vec![self.features]

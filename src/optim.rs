@@ -5,10 +5,10 @@
 //! `AdamW`, `torch.nn.utils.clip_grad_norm_`), so a recipe's hyperparameters mean what they mean there.
 
 use crate::error::{Error, Result};
-use rayon::prelude::*;
+use crate::team;
 use serde::{Deserialize, Serialize};
 
-/// Parameters per rayon task in the element-wise optimizer updates.
+/// Parameters per team task in the element-wise optimizer updates.
 const CHUNK: usize = 1 << 15;
 
 /// The recipe's `[optimizer]` section.
@@ -296,19 +296,18 @@ impl Sgd {
         self.step += 1;
         let (mu, wd) = (self.momentum, self.weight_decay);
         if self.velocity.is_empty() {
-            params.par_chunks_mut(CHUNK).zip(grads.par_chunks(CHUNK)).for_each(|(ps, gs)| {
-                for (p, &g) in ps.iter_mut().zip(gs) {
+            team::zip_chunks_mut([params], CHUNK, &|i, [ps]| {
+                for (p, &g) in ps.iter_mut().zip(&grads[i * CHUNK..]) {
                     *p -= lr * (g + wd * *p);
                 }
             });
             return;
         }
-        // Element-wise, so chunks over the rayon pool give the same bits as one loop; the Nesterov
+        // Element-wise, so chunks over the team give the same bits as one loop; the Nesterov
         // choice is hoisted out of the loop so each one vectorises.
         let nesterov = self.nesterov;
-        let chunks = params.par_chunks_mut(CHUNK).zip(grads.par_chunks(CHUNK)).zip(self.velocity.par_chunks_mut(CHUNK));
-        chunks.for_each(|((ps, gs), vs)| {
-            let it = ps.iter_mut().zip(gs).zip(vs.iter_mut());
+        team::zip_chunks_mut([params, &mut self.velocity], CHUNK, &|i, [ps, vs]| {
+            let it = ps.iter_mut().zip(&grads[i * CHUNK..]).zip(vs.iter_mut());
             if nesterov {
                 for ((p, &g), v) in it {
                     let g = g + wd * *p;
@@ -372,9 +371,9 @@ impl Adam {
         let step_size = (lr as f64 / (1.0 - (b1 as f64).powf(t))) as f32;
         let bc2_sqrt = (1.0 - (b2 as f64).powf(t)).sqrt() as f32;
         let (decay, l2) = if self.decoupled { (1.0 - lr * wd, 0.0) } else { (1.0, wd) };
-        let moments = self.exp_avg.par_chunks_mut(CHUNK).zip(self.exp_avg_sq.par_chunks_mut(CHUNK));
-        params.par_chunks_mut(CHUNK).zip(grads.par_chunks(CHUNK)).zip(moments).for_each(|((ps, gs), (ms, vs))| {
-            for ((p, &g), (m, v)) in ps.iter_mut().zip(gs).zip(ms.iter_mut().zip(vs.iter_mut())) {
+        let moments = [params, &mut self.exp_avg, &mut self.exp_avg_sq];
+        team::zip_chunks_mut(moments, CHUNK, &|i, [ps, ms, vs]| {
+            for ((p, &g), (m, v)) in ps.iter_mut().zip(&grads[i * CHUNK..]).zip(ms.iter_mut().zip(vs.iter_mut())) {
                 *p *= decay;
                 let g = g + l2 * *p;
                 *m = b1 * *m + (1.0 - b1) * g;

@@ -118,9 +118,40 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     work(s, job, tasks);
     drop(_acks);
     if s.panicked.swap(false, Ordering::AcqRel) {
-        panic!("a GEMM task panicked on a team thread");
+        panic!("a task panicked on a team thread");
     }
 }
+
+/// Runs `f(i, chunks)` for every `i`, in parallel on the team, where `chunks[k]` is the `i`-th
+/// `chunk`-long piece of `bufs[k]` (the last piece may be shorter); the buffers must have one length.
+/// Element-wise work gives the same bits as one loop over everything, whatever the team size.
+///
+/// Used for the element-wise parts of a step (optimizer updates, activations, batch gathering), so
+/// they run on the same two threads as the GEMMs instead of waking a second pool whose threads
+/// would compete with the team's spinning helpers for the cores.
+pub fn zip_chunks_mut<T: Send, const M: usize>(
+    bufs: [&mut [T]; M],
+    chunk: usize,
+    f: &(dyn Fn(usize, [&mut [T]; M]) + Sync),
+) {
+    let n = bufs.first().map_or(0, |b| b.len());
+    assert!(bufs.iter().all(|b| b.len() == n), "zip_chunks_mut: buffers of different lengths");
+    assert!(chunk > 0, "zip_chunks_mut: empty chunks");
+    let ptrs = Ptrs(bufs.map(|b| b.as_mut_ptr()));
+    let ptrs = &ptrs;
+    run(n.div_ceil(chunk), &|i| {
+        let (at, len) = (i * chunk, chunk.min(n - i * chunk));
+        // SAFETY: task `i` runs exactly once (see `run`) and owns elements `at..at + len` of every
+        // buffer, disjoint from the other tasks' ranges and within the buffers, which stay mutably
+        // borrowed until `run` returns.
+        f(i, std::array::from_fn(|k| unsafe { std::slice::from_raw_parts_mut(ptrs.0[k].add(at), len) }))
+    });
+}
+
+/// The base pointers of [`zip_chunks_mut`]'s buffers, shared with the helpers.
+struct Ptrs<T, const M: usize>([*mut T; M]);
+// SAFETY: only used to build disjoint sub-slices of `Send` data, one task per range (see above).
+unsafe impl<T: Send, const M: usize> Sync for Ptrs<T, M> {}
 
 struct Acks {
     s: &'static Shared,
@@ -191,6 +222,26 @@ mod tests {
                 });
             }
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200), "{tasks} tasks");
+        }
+    }
+
+    #[test]
+    fn zip_chunks_cover_every_element_once_in_matching_pieces() {
+        for (n, chunk) in [(0, 4), (1, 4), (10, 3), (64, 8), (100_000, 1 << 15)] {
+            let mut a: Vec<u64> = vec![0; n];
+            let mut b: Vec<u64> = (0..n as u64).collect();
+            zip_chunks_mut([&mut a, &mut b], chunk, &|i, [a, b]| {
+                assert_eq!(a.len(), b.len());
+                assert!(a.len() == chunk || (i + 1) * chunk >= n);
+                for (x, y) in a.iter_mut().zip(b.iter_mut()) {
+                    *x += 1 + (i * chunk) as u64;
+                    *y *= 2;
+                }
+            });
+            for k in 0..n {
+                assert_eq!(a[k], 1 + (k / chunk * chunk) as u64, "n {n} chunk {chunk} element {k}");
+                assert_eq!(b[k], 2 * k as u64);
+            }
         }
     }
 
