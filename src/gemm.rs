@@ -7,11 +7,15 @@
 //! happen during packing), and a 12×32 register tile (24 zmm accumulators, broadcast A times loaded B)
 //! is updated per `k` step. Columns of `C` are split over the [`team`] in 32-aligned chunks (rows
 //! when `C` is narrow), each thread packing into its own reused buffers, so a steady-state call
-//! allocates nothing. Elsewhere `matrixmultiply`'s kernels do the work, split the same way.
+//! allocates nothing. `A·Bᵀ` with both operands row-major (a fully connected layer's forward pass)
+//! skips the packing: [`crate::dot`] takes dot products of their contiguous rows. Elsewhere
+//! `matrixmultiply`'s kernels do the work, split the same way.
 //!
 //! Each element of `C` is the same sum in the same order whatever the thread count or the other rows
 //! of `A`: the reduction over `k` is blocked identically for every tile.
 
+#[cfg(target_arch = "x86_64")]
+use crate::dot;
 use crate::team;
 
 /// Whether an operand is used as stored or transposed.
@@ -61,34 +65,45 @@ pub fn gemm(
     };
     let engine = Engine::detect();
     prepare_callers();
-    let threads = rayon::current_num_threads().min(team::size());
-    if threads <= 1 || m * n * k < 1 << 17 {
-        engine.run(m, n, k, alpha, av, bv, beta, c, n, 0, 0);
-        return;
-    }
-    // Split C into column blocks of whole 32-wide panels (each thread then packs a disjoint part of
-    // op(B)) or row blocks of whole 12-row panels, whichever gives the busiest thread fewer tiles.
-    let (panels_m, panels_n) = (m.div_ceil(MR), n.div_ceil(NR));
+    let threads = if m * n * k < 1 << 17 { 1 } else { rayon::current_num_threads().min(team::size()) };
     let cptr = SendPtr(c.as_mut_ptr());
+    // SAFETY (both closures): `split` hands out disjoint blocks of rows × columns of C, and each
+    // block's rows `i0..i0+rows` and columns `j0..j0+cols` lie inside `c` (length m·n, asserted).
+    #[cfg(target_arch = "x86_64")]
+    if matches!(engine, Engine::Avx512) && ta == Trans::N && tb == Trans::T && (1..=dot::MAX_K).contains(&k) {
+        // x·Wᵀ: dot products of contiguous rows, no packing (the choice depends on k only, so a row
+        // of C is the same whatever m).
+        return split(m, n, threads, (dot::RM, dot::RN), &|i0, rows, j0, cols| unsafe {
+            dot::nt(rows, cols, k, alpha, a, b, beta, cptr.get().add(i0 * n + j0), n, i0, j0)
+        });
+    }
+    split(m, n, threads, (MR, NR), &|i0, rows, j0, cols| {
+        let cblk = unsafe { std::slice::from_raw_parts_mut(cptr.get().add(i0 * n + j0), (rows - 1) * n + cols) };
+        engine.run(rows, cols, k, alpha, av, bv, beta, cblk, n, i0, j0)
+    });
+}
+
+/// Runs `block(i0, rows, j0, cols)` over blocks of an `m×n` product on up to `threads` threads of
+/// the [`team`]: column blocks of whole `tile.1`-wide panels (each thread then reads or packs a
+/// disjoint part of op(B)) or row blocks of whole `tile.0`-row panels, whichever gives the busiest
+/// thread fewer tiles.
+fn split(
+    m: usize,
+    n: usize,
+    threads: usize,
+    tile: (usize, usize),
+    block: &(dyn Fn(usize, usize, usize, usize) + Sync),
+) {
+    if threads <= 1 {
+        return block(0, m, 0, n);
+    }
+    let (panels_m, panels_n) = (m.div_ceil(tile.0), n.div_ceil(tile.1));
     if panels_n.div_ceil(threads) * panels_m <= panels_m.div_ceil(threads) * panels_n {
-        let per = panels_n.div_ceil(threads) * NR;
-        team::run(n.div_ceil(per), &|t| {
-            let j0 = t * per;
-            let cols = per.min(n - j0);
-            // SAFETY: the column ranges [j0, j0+cols) of different tasks are disjoint, and `run`
-            // writes only rows 0..m of those columns, all inside `c` (length m·n, asserted above).
-            let cblk = unsafe { std::slice::from_raw_parts_mut(cptr.get().add(j0), (m - 1) * n + cols) };
-            engine.run(m, cols, k, alpha, av, bv, beta, cblk, n, 0, j0);
-        });
+        let per = panels_n.div_ceil(threads) * tile.1;
+        team::run(n.div_ceil(per), &|t| block(0, m, t * per, per.min(n - t * per)));
     } else {
-        let per = panels_m.div_ceil(threads) * MR;
-        team::run(m.div_ceil(per), &|t| {
-            let i0 = t * per;
-            let rows = per.min(m - i0);
-            // SAFETY: row blocks [i0, i0+rows) of different tasks are disjoint and inside `c`.
-            let cblk = unsafe { std::slice::from_raw_parts_mut(cptr.get().add(i0 * n), rows * n) };
-            engine.run(rows, n, k, alpha, av, bv, beta, cblk, n, i0, 0);
-        });
+        let per = panels_m.div_ceil(threads) * tile.0;
+        team::run(m.div_ceil(per), &|t| block(t * per, per.min(m - t * per), 0, n));
     }
 }
 
@@ -532,7 +547,17 @@ mod tests {
     #[test]
     fn all_transpose_combinations_match_naive() {
         let mut rng = crate::rng::Rng::from_keys(&[3]);
-        for &(m, n, k) in &[(1, 1, 1), (5, 7, 3), (70, 33, 65), (129, 64, 40), (13, 97, 300), (150, 1100, 20)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (5, 7, 3),
+            (70, 33, 65),
+            (129, 64, 40),
+            (13, 97, 300),
+            (150, 1100, 20),
+            (9, 11, 16),
+            (3, 10, 1024),
+            (5, 6, 1025),
+        ] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
             let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform(1.0)).collect();

@@ -44,6 +44,7 @@ pub mod conv;
 pub mod correlate;
 pub mod csv;
 pub mod dataset;
+mod dot;
 pub mod dropout;
 pub mod error;
 pub mod fetch;

@@ -1,0 +1,103 @@
+//! The `A·Bᵀ` GEMM without packing: every element of `C` is a dot product of two contiguous rows.
+//!
+//! A fully connected layer's forward pass is `y = x·Wᵀ` with `x` (`b×in`) and `W` (`out×in`) both
+//! row-major, so row `i` of `x` and row `j` of `W` are contiguous over the reduction. The packed
+//! kernel of [`crate::gemm`] must first transpose `W` into column panels, which a batch of 64 rows
+//! hardly amortises (W1's first layer on one thread: ~83 GFLOP/s packed, ~100 here). Here a 4×5 register tile keeps 20 accumulators of 16 lanes,
+//! loads 4 rows of `A` and 5 rows of `B` 16 depths at a time straight from memory (the 5 rows of `B`
+//! stay in L1 while all row blocks of `A` pass by), and reduces the lanes once at the end.
+//!
+//! Every element is computed the same way wherever it sits: 16 lane sums over the depth in order
+//! (the last step masked), then one fixed horizontal reduction. Tiles at the edges compute on
+//! repeated rows and store only their real ones, so `C[i][j]` depends only on row `i` of `A` and
+//! row `j` of `B`: the same bits whatever the thread count, the batch split or the other rows.
+
+/// Rows of `A` in the register tile.
+pub(crate) const RM: usize = 4;
+/// Rows of `B` in the register tile.
+pub(crate) const RN: usize = 5;
+/// Longest reduction this kernel takes: beyond it the 5 rows of `B` no longer stay in L1.
+pub(crate) const MAX_K: usize = 1024;
+/// Rows of `A` per block (kept in L2 while the rows of `B` go by).
+const MB: usize = 96;
+
+/// The block of `C = alpha·A·Bᵀ + beta·C` at rows `i0..i0+m`, columns `j0..j0+n`: `a` holds the
+/// whole `A` (row-major, `k` columns), `b` the whole `B` (row-major, `k` columns), `c` starts at the
+/// block's first element with row stride `ldc`.
+///
+/// # Safety
+/// The CPU must support AVX-512F; rows `i0..i0+m` of `a`, rows `j0..j0+n` of `b` and the block of
+/// `c` must be in bounds; `k ≥ 1`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn nt(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+    i0: usize,
+    j0: usize,
+) {
+    debug_assert!(k >= 1 && a.len() >= (i0 + m) * k && b.len() >= (j0 + n) * k);
+    for ib in (0..m).step_by(MB) {
+        let mb = MB.min(m - ib);
+        for jt in (0..n).step_by(RN) {
+            let cols = RN.min(n - jt);
+            // Missing rows repeat the last real one (computed, never stored).
+            let brow: [*const f32; RN] = std::array::from_fn(|q| b.as_ptr().add((j0 + jt + q.min(cols - 1)) * k));
+            for it in (ib..ib + mb).step_by(RM) {
+                let rows = RM.min(ib + mb - it);
+                let arow: [*const f32; RM] = std::array::from_fn(|r| a.as_ptr().add((i0 + it + r.min(rows - 1)) * k));
+                let sums = tile(k, arow, brow);
+                for (r, sums_r) in sums.iter().enumerate().take(rows) {
+                    let out = c.add((it + r) * ldc + jt);
+                    for (q, &s) in sums_r.iter().enumerate().take(cols) {
+                        let o = out.add(q);
+                        *o = if beta == 0.0 { alpha * s } else { alpha * s + beta * *o };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The 4×5 dot products of rows `a[r]` and `b[q]` over `k` depths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile(k: usize, a: [*const f32; RM], b: [*const f32; RN]) -> [[f32; RN]; RM] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); RN]; RM];
+    // One loop, the last step masked (zeros add nothing), keeps the accumulators in registers.
+    let steps = k.div_ceil(16);
+    let last = ((1u32 << (k - 16 * (steps - 1))) - 1) as __mmask16;
+    for s in 0..steps {
+        let mask = if s + 1 == steps { last } else { 0xffff };
+        let bv: [__m512; RN] = std::array::from_fn(|q| _mm512_maskz_loadu_ps(mask, b[q].add(16 * s)));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let av = _mm512_maskz_loadu_ps(mask, a[r].add(16 * s));
+            for (acc_rq, bq) in acc_r.iter_mut().zip(&bv) {
+                *acc_rq = _mm512_fmadd_ps(av, *bq, *acc_rq);
+            }
+        }
+    }
+    acc.map(|acc_r| acc_r.map(|v| reduce(v)))
+}
+
+/// The sum of the 16 lanes in a fixed order, with 512-bit operations only (a 256/128-bit reduction
+/// would confine the accumulators to the 16 registers VEX can address, and they would spill).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn reduce(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v));
+    let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+    let v = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+    let v = _mm512_add_ps(v, _mm512_permute_ps::<0b10_11_00_01>(v));
+    _mm512_cvtss_f32(v)
+}
