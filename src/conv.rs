@@ -1,4 +1,4 @@
-//! 2-D convolution, rayon over tasks of [`SAMPLES_PER_TASK`] samples.
+//! 2-D convolution, on the [`team`] in tasks of [`SAMPLES_PER_TASK`] samples.
 //!
 //! Stride-1 convolutions (every one of LeNet-5's, the 3×3 ones of the residual recipes) run
 //! directly on the padded planes, without unrolling them: see [`crate::correlate`], whose register
@@ -31,7 +31,8 @@ use crate::correlate::{Direct, Scratch};
 use crate::gemm::{gemm, Trans};
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use crate::rng::Rng;
-use rayon::prelude::*;
+use crate::team;
+use std::marker::PhantomData;
 
 /// Output side length of a convolution or pooling window sweep, `None` if the window does not fit.
 pub fn out_len(input: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
@@ -200,23 +201,23 @@ impl Conv2d {
 
     /// Stride 1: each task runs its samples through the direct convolution.
     fn forward_direct(&mut self, d: &Direct, (w, bias): (&[f32], &[f32]), x: &[f32], y: &mut [f32]) {
-        let (in_len, out_len) = (self.in_len(), self.out_channels * self.pixels());
-        let tasks = x.len().div_ceil(SAMPLES_PER_TASK * in_len);
+        let (per, in_len, out_len) = (SAMPLES_PER_TASK, self.in_len(), self.out_channels * self.pixels());
+        let tasks = x.len().div_ceil(per * in_len);
         if self.scratch.len() < tasks {
             self.scratch.resize_with(tasks, Scratch::default);
         }
         d.forward_weights(w, &mut self.weights);
         let weights = &self.weights;
-        self.scratch[..tasks]
-            .par_iter_mut()
-            .zip(x.par_chunks(SAMPLES_PER_TASK * in_len))
-            .zip(y.par_chunks_mut(SAMPLES_PER_TASK * out_len))
-            .for_each(|((s, x), y)| {
-                d.reserve(s, 1, false);
-                for (x, y) in x.chunks_exact(in_len).zip(y.chunks_exact_mut(out_len)) {
-                    d.forward(s, weights, bias, x, y);
-                }
-            });
+        let (scratch, ys) = (Pieces::new(&mut self.scratch[..tasks], 1), Pieces::new(y, per * out_len));
+        team::run(tasks, &|t| {
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            let (s, y) = unsafe { (&mut scratch.take(t)[0], ys.take(t)) };
+            let x = &x[t * per * in_len..][..y.len() / out_len * in_len];
+            d.reserve(s, 1, false);
+            for (x, y) in x.chunks_exact(in_len).zip(y.chunks_exact_mut(out_len)) {
+                d.forward(s, weights, bias, x, y);
+            }
+        });
     }
 
     /// Stride 1: each task sums its samples' `∂W`, `∂bias` into its partial and writes their `∂x`.
@@ -232,44 +233,91 @@ impl Conv2d {
             d.backward_weights(w, &mut self.weights);
         }
         let weights = &self.weights[..];
-        let task = |s: &mut Scratch, acc: &mut [f32], x: &[f32], dy: &[f32], dx: Option<&mut [f32]>| {
+        let scratch = Pieces::new(&mut self.scratch[..tasks], 1);
+        let accs = Pieces::new(&mut self.partials[..tasks * part], part);
+        let dxs = dx.map(|dx| Pieces::new(dx, per * in_len));
+        team::run(tasks, &|t| {
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            let (s, acc, dx) = unsafe { (&mut scratch.take(t)[0], accs.take(t), dxs.as_ref().map(|d| d.take(t))) };
+            let x = &x[t * per * in_len..x.len().min((t + 1) * per * in_len)];
+            let dy = &dy[t * per * o * pix..][..x.len() / in_len * o * pix];
             d.reserve(s, per, want_dx);
             d.backward(s, weights, (x, dy), dx, acc);
-        };
-        let tasks_iter = self.scratch[..tasks]
-            .par_iter_mut()
-            .zip(self.partials[..tasks * part].par_chunks_mut(part))
-            .zip(x.par_chunks(per * in_len))
-            .zip(dy.par_chunks(per * o * pix));
-        match dx {
-            Some(dx) => tasks_iter
-                .zip(dx.par_chunks_mut(per * in_len))
-                .for_each(|((((s, acc), x), dy), dx)| task(s, acc, x, dy, Some(dx))),
-            None => tasks_iter.for_each(|(((s, acc), x), dy)| task(s, acc, x, dy, None)),
-        }
+        });
     }
 
     /// Splits a batch of `b` samples into tasks over the layer's scratch, sized here.
-    fn tasks<'a>(
-        &self,
-        x: &'a [f32],
-        b: usize,
-        cols: &'a mut Vec<f32>,
-        outs: &'a mut Vec<f32>,
-    ) -> impl IndexedParallelIterator<Item = Task<'a>> {
+    fn tasks<'a>(&self, x: &'a [f32], b: usize, cols: &'a mut Vec<f32>, outs: &'a mut Vec<f32>) -> Tasks<'a> {
         let (ckk, o, pix, in_len) = (self.ckk(), self.out_channels, self.pixels(), self.in_len());
         let per = SAMPLES_PER_TASK;
         let tasks = b.div_ceil(per);
         grow(cols, tasks * ckk * per * pix);
         grow(outs, tasks * o * per * pix);
-        x[..b * in_len]
-            .par_chunks(per * in_len)
-            .zip(cols.par_chunks_mut(ckk * per * pix))
-            .zip(outs.par_chunks_mut(o * per * pix))
-            .map(move |((x, col), out)| {
-                let s = x.len() / in_len;
-                Task { s, x, col: &mut col[..ckk * s * pix], out: &mut out[..o * s * pix] }
-            })
+        Tasks {
+            x: &x[..b * in_len],
+            in_len,
+            cols: Pieces::new(&mut cols[..tasks * ckk * per * pix], ckk * per * pix),
+            outs: Pieces::new(&mut outs[..tasks * o * per * pix], o * per * pix),
+        }
+    }
+}
+
+/// A batch cut into [`Task`]s, one per task of a [`team::run`].
+struct Tasks<'a> {
+    x: &'a [f32],
+    in_len: usize,
+    cols: Pieces<'a, f32>,
+    outs: Pieces<'a, f32>,
+}
+
+impl Tasks<'_> {
+    fn count(&self) -> usize {
+        self.x.len().div_ceil(SAMPLES_PER_TASK * self.in_len)
+    }
+    /// Task `t`'s samples and scratch.
+    ///
+    /// # Safety
+    /// At most one call per `t` while `self` lives (as [`team::run`] runs each task once).
+    unsafe fn take(&self, t: usize) -> Task<'_> {
+        let per = SAMPLES_PER_TASK * self.in_len;
+        let x = &self.x[t * per..self.x.len().min((t + 1) * per)];
+        let s = x.len() / self.in_len;
+        // SAFETY: forwarded from the caller.
+        let (col, out) = unsafe { (self.cols.take(t), self.outs.take(t)) };
+        let (col_len, out_len) = (col.len() / SAMPLES_PER_TASK * s, out.len() / SAMPLES_PER_TASK * s);
+        Task { s, x, col: &mut col[..col_len], out: &mut out[..out_len] }
+    }
+}
+
+/// A mutable buffer cut into consecutive `piece`-long pieces (the last may be shorter), each taken
+/// by one task of a [`team::run`]: the pieces of one `&mut [T]` for tasks on several threads.
+pub(crate) struct Pieces<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    piece: usize,
+    _buf: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: a `Pieces` only hands out disjoint sub-slices of `Send` data, each once (see `take`).
+unsafe impl<T: Send> Sync for Pieces<'_, T> {}
+
+impl<'a, T> Pieces<'a, T> {
+    pub(crate) fn new(buf: &'a mut [T], piece: usize) -> Pieces<'a, T> {
+        assert!(piece > 0, "pieces: empty pieces");
+        Pieces { ptr: buf.as_mut_ptr(), len: buf.len(), piece, _buf: PhantomData }
+    }
+    /// Piece `i`: elements `i·piece .. min((i + 1)·piece, len)`. Panics past the end.
+    ///
+    /// # Safety
+    /// At most one call per `i` while `self` lives: the pieces of different `i` are disjoint, so
+    /// the slices handed out never alias.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn take(&self, i: usize) -> &mut [T] {
+        let at = i * self.piece;
+        assert!(at < self.len || (at == 0 && self.len == 0), "pieces: piece {i} past the end");
+        // SAFETY: `at..at + len` is inside the buffer, mutably borrowed for `'a`, and (by the
+        // caller's contract) no other live slice from `take` overlaps it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), self.piece.min(self.len - at)) }
     }
 }
 
@@ -324,8 +372,11 @@ impl Layer for Conv2d {
             return;
         }
         let (mut cols, mut outs) = (std::mem::take(&mut self.cols), std::mem::take(&mut self.outs));
-        let per = SAMPLES_PER_TASK * o * pix;
-        self.tasks(x, b, &mut cols, &mut outs).zip(y[..b * o * pix].par_chunks_mut(per)).for_each(|(t, y)| {
+        let tasks = self.tasks(x, b, &mut cols, &mut outs);
+        let ys = Pieces::new(&mut y[..b * o * pix], SAMPLES_PER_TASK * o * pix);
+        team::run(tasks.count(), &|t| {
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            let (t, y) = unsafe { (tasks.take(t), ys.take(t)) };
             self.im2col(t.x, t.col);
             gemm(Trans::N, Trans::N, o, t.s * pix, ckk, 1.0, w, t.col, 0.0, t.out);
             // Row `c` of Y holds channel `c` of every sample: copy each out with the bias added.
@@ -380,17 +431,20 @@ impl Layer for Conv2d {
                 self.col2im(dcol, dx);
             }
         };
-        let tasks_iter = self
-            .tasks(io.x, b, &mut cols, &mut outs)
-            .zip(partials[..tasks * part].par_chunks_mut(part))
-            .zip(dy[..b * o * pix].par_chunks(per * o * pix));
-        match dx {
-            Some(dx) => tasks_iter
-                .zip(dcols.par_chunks_mut(ckk * per * pix))
-                .zip(dx[..b * in_len].par_chunks_mut(per * in_len))
-                .for_each(|((((t, acc), dy), dcol), dx)| task(t, acc, dy, dcol, Some(dx))),
-            None => tasks_iter.for_each(|((t, acc), dy)| task(t, acc, dy, &mut [], None)),
-        }
+        let split = self.tasks(io.x, b, &mut cols, &mut outs);
+        let accs = Pieces::new(&mut partials[..tasks * part], part);
+        let dcol_pieces = Pieces::new(&mut dcols[..if want_dx { tasks * ckk * per * pix } else { 0 }], ckk * per * pix);
+        let dxs = dx.map(|dx| Pieces::new(&mut dx[..b * in_len], per * in_len));
+        team::run(tasks, &|t| {
+            let dy = &dy[t * per * o * pix..b.min((t + 1) * per) * o * pix];
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            unsafe {
+                match &dxs {
+                    Some(dxs) => task(split.take(t), accs.take(t), dy, dcol_pieces.take(t), Some(dxs.take(t))),
+                    None => task(split.take(t), accs.take(t), dy, &mut [], None),
+                }
+            }
+        });
         (self.cols, self.outs, self.dcols, self.partials) = (cols, outs, dcols, partials);
         self.sum_partials(g, tasks);
     }

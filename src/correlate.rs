@@ -92,7 +92,7 @@ pub struct Direct {
     dy_offsets: Vec<usize>,
 }
 
-/// One rayon task's buffers for [`Direct`]. The padding borders and the `∂y` positions `x ≥ W'` are
+/// One task's buffers for [`Direct`]. The padding borders and the `∂y` positions `x ≥ W'` are
 /// written once (zero, on allocation) and never again, so they stay zero.
 #[derive(Debug, Clone, Default)]
 pub struct Scratch {
@@ -404,7 +404,12 @@ fn dot_lanes_body(acc: &mut [[f32; LANES]], [a0, a1]: [Runs; 2], len: usize, src
         let (mut t0, mut t1) = (*acc0, *acc1);
         for n in 0..src.count {
             let (a0, a1) = (&a0.data[n * a0.stride..][..len], &a1.data[n * a1.stride..][..len]);
-            let srcs: [&[f32]; GROUP] = std::array::from_fn(|g| &src.data[n * src.stride + offs[g]..][..len]);
+            // Filled by a loop rather than `array::from_fn`, which stays a call: every accumulator
+            // would be spilled around it, once per sample.
+            let mut srcs: [&[f32]; GROUP] = [&[]; GROUP];
+            for (s, &off) in srcs.iter_mut().zip(offs) {
+                *s = &src.data[n * src.stride + off..][..len];
+            }
             for (j, (a0, a1)) in a0.chunks_exact(LANES).zip(a1.chunks_exact(LANES)).enumerate() {
                 let a0: &[f32; LANES] = a0.try_into().expect("a vector");
                 let a1: &[f32; LANES] = a1.try_into().expect("a vector");

@@ -15,7 +15,7 @@
 
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use crate::rng::Rng;
-use rayon::prelude::*;
+use crate::team;
 
 /// `y = x ⊙ m / (1 − p)` with `m_j ~ Bernoulli(1 − p)` in training, `y = x` in evaluation; shape
 /// preserved (`B×D → B×D`, any per-sample shape).
@@ -62,19 +62,18 @@ impl Layer for Dropout {
         grow(&mut self.mask, b * d);
         let (p, keep_scale, key) = (self.p, 1.0 / (1.0 - self.p), self.layer_key);
         let m = pass.mode;
-        y[..b * d]
-            .par_chunks_mut(d)
-            .zip(self.mask[..b * d].par_chunks_mut(d))
-            .zip(x[..b * d].par_chunks(d))
-            .zip(pass.sample_ids.par_iter())
-            .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|(((y, mask), x), &id)| {
+        let per = SAMPLES_PER_TASK;
+        team::zip_chunks_mut([&mut y[..b * d], &mut self.mask[..b * d]], per * d, &|t, [y, mask]| {
+            let rows = y.chunks_exact_mut(d).zip(mask.chunks_exact_mut(d));
+            let inputs = x[t * per * d..].chunks_exact(d).zip(&pass.sample_ids[t * per..]);
+            for ((y, mask), (x, &id)) in rows.zip(inputs) {
                 let mut rng = Rng::from_keys(&[m.seed, m.epoch, id as u64, key]);
                 for ((y, mask), &x) in y.iter_mut().zip(mask.iter_mut()).zip(x) {
                     *mask = if rng.next_f32() < p { 0.0 } else { keep_scale };
                     *y = x * *mask;
                 }
-            });
+            }
+        });
     }
     /// `∂x = ∂y ⊙ m / (1 − p)` (the identity after an evaluation pass).
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
@@ -84,7 +83,10 @@ impl Layer for Dropout {
             dx[..n].copy_from_slice(&dy[..n]);
             return;
         }
-        dx[..n].par_iter_mut().zip(&dy[..n]).zip(&self.mask[..n]).for_each(|((dx, &dy), &m)| *dx = dy * m);
+        let (mask, c) = (&self.mask[..n], SAMPLES_PER_TASK * self.features());
+        team::zip_chunks_mut([&mut dx[..n]], c, &|t, [dx]| {
+            dx.iter_mut().zip(&dy[t * c..]).zip(&mask[t * c..]).for_each(|((dx, &dy), &m)| *dx = dy * m);
+        });
     }
 }
 

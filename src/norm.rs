@@ -14,9 +14,10 @@
 //! whose exact global-batch statistics would cost an extra allreduce per layer and iteration).
 //! With `G = 1` this is LayerNorm over `C×H×W` with per-channel affine, with `G = C` InstanceNorm.
 
+use crate::conv::Pieces;
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use crate::rng::Rng;
-use rayon::prelude::*;
+use crate::team;
 
 pub const EPS: f32 = 1e-5;
 
@@ -77,13 +78,17 @@ impl Layer for GroupNorm {
         let (gamma, beta) = p.split_at(c);
         grow(&mut self.mean, b * groups);
         grow(&mut self.rstd, b * groups);
-        y[..b * d]
-            .par_chunks_mut(d)
-            .zip(x[..b * d].par_chunks(d))
-            .zip(self.mean[..b * groups].par_chunks_mut(groups))
-            .zip(self.rstd[..b * groups].par_chunks_mut(groups))
-            .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|(((y, x), mean), rstd)| {
+        let per = SAMPLES_PER_TASK;
+        let ys = Pieces::new(&mut y[..b * d], per * d);
+        let means = Pieces::new(&mut self.mean[..b * groups], per * groups);
+        let rstds = Pieces::new(&mut self.rstd[..b * groups], per * groups);
+        team::run(b.div_ceil(per), &|t| {
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            let (y, means, rstds) = unsafe { (ys.take(t), means.take(t), rstds.take(t)) };
+            let samples = y.chunks_exact_mut(d).zip(x[t * per * d..].chunks_exact(d));
+            for ((y, x), (mean, rstd)) in
+                samples.zip(means.chunks_exact_mut(groups).zip(rstds.chunks_exact_mut(groups)))
+            {
                 for (g, (yg, xg)) in y.chunks_exact_mut(glen).zip(x.chunks_exact(glen)).enumerate() {
                     let mu = xg.iter().sum::<f32>() / glen as f32;
                     let var = xg.iter().map(|&v| (v - mu) * (v - mu)).sum::<f32>() / glen as f32;
@@ -95,7 +100,8 @@ impl Layer for GroupNorm {
                         yc.iter_mut().zip(xc).for_each(|(y, &x)| *y = x * scale + shift);
                     }
                 }
-            });
+            }
+        });
     }
     /// With `∂x̂ = γ·∂y` and means over the group:
     /// `∂x = rstd · (∂x̂ − mean(∂x̂) − x̂ · mean(∂x̂ ⊙ x̂))`, `∂γ_c = Σ ∂y ⊙ x̂`, `∂β_c = Σ ∂y`.
@@ -134,20 +140,25 @@ impl Layer for GroupNorm {
                 }
             }
         };
-        let parts = &mut self.partials[..b * 2 * c];
-        match dx {
-            Some(dx) => parts
-                .par_chunks_mut(2 * c)
-                .zip(dx[..b * d].par_chunks_mut(d))
-                .enumerate()
-                .with_min_len(SAMPLES_PER_TASK)
-                .for_each(|(n, (part, dx))| per_sample(n, part, Some(dx))),
-            None => parts
-                .par_chunks_mut(2 * c)
-                .enumerate()
-                .with_min_len(SAMPLES_PER_TASK)
-                .for_each(|(n, part)| per_sample(n, part, None)),
-        }
+        let per = SAMPLES_PER_TASK;
+        let parts = Pieces::new(&mut self.partials[..b * 2 * c], per * 2 * c);
+        let dxs = dx.map(|dx| Pieces::new(&mut dx[..b * d], per * d));
+        team::run(b.div_ceil(per), &|t| {
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            let (parts, dx) = unsafe { (parts.take(t), dxs.as_ref().map(|dx| dx.take(t))) };
+            let first = t * per;
+            match dx {
+                Some(dx) => parts
+                    .chunks_exact_mut(2 * c)
+                    .zip(dx.chunks_exact_mut(d))
+                    .enumerate()
+                    .for_each(|(n, (part, dx))| per_sample(first + n, part, Some(dx))),
+                None => {
+                    parts.chunks_exact_mut(2 * c).enumerate().for_each(|(n, part)| per_sample(first + n, part, None))
+                }
+            }
+        });
+        let parts = &self.partials[..b * 2 * c];
         g.fill(0.0);
         for part in parts.chunks_exact(2 * c) {
             g.iter_mut().zip(part).for_each(|(s, v)| *s += v);

@@ -1,12 +1,12 @@
 //! Spatial pooling over `B×C×H×W` rows: max and average windows, and global average.
 //!
 //! Windows have no padding; `H' = (H − kernel)/stride + 1` (likewise `W'`), so trailing rows and
-//! columns that no full window covers are dropped, as in PyTorch. Every layer works per sample,
-//! rayon over the batch.
+//! columns that no full window covers are dropped, as in PyTorch. Every layer works per sample, on
+//! the [`team`] in tasks of [`SAMPLES_PER_TASK`] samples.
 
-use crate::conv::out_len;
+use crate::conv::{out_len, Pieces};
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
-use rayon::prelude::*;
+use crate::team;
 use std::hint::select_unpredictable;
 
 /// Shape of a square pooling window sweep over `[C, H, W]`.
@@ -109,29 +109,31 @@ impl Layer for MaxPool2d {
         let (il, ol) = (win.in_len(), win.out_len());
         assert!(x.len() >= b * il && y.len() >= b * ol, "max-pool2d: batch buffers too small");
         grow(&mut self.argmax, b * ol);
-        y[..b * ol]
-            .par_chunks_mut(ol)
-            .zip(self.argmax[..b * ol].par_chunks_mut(ol))
-            .zip(x[..b * il].par_chunks(il))
-            .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|((y, arg), x)| win.max(x, y, arg));
+        let per = SAMPLES_PER_TASK;
+        let (ys, args) = (Pieces::new(&mut y[..b * ol], per * ol), Pieces::new(&mut self.argmax[..b * ol], per * ol));
+        team::run(b.div_ceil(per), &|t| {
+            // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
+            let (y, arg) = unsafe { (ys.take(t), args.take(t)) };
+            let x = &x[t * per * il..][..y.len() / ol * il];
+            let rows = y.chunks_exact_mut(ol).zip(arg.chunks_exact_mut(ol));
+            rows.zip(x.chunks_exact(il)).for_each(|((y, arg), x)| win.max(x, y, arg));
+        });
     }
     /// `∂x[argmax] += ∂y`, zero elsewhere.
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
         let Some(dx) = dx else { return };
         let (b, il, ol) = (io.b, self.window.in_len(), self.window.out_len());
         assert!(self.argmax.len() >= b * ol, "max-pool2d: backward before forward");
-        dx[..b * il]
-            .par_chunks_mut(il)
-            .zip(dy[..b * ol].par_chunks(ol))
-            .zip(self.argmax[..b * ol].par_chunks(ol))
-            .with_min_len(SAMPLES_PER_TASK)
-            .for_each(|((dx, dy), arg)| {
+        let (argmax, per) = (&self.argmax[..b * ol], SAMPLES_PER_TASK);
+        team::zip_chunks_mut([&mut dx[..b * il]], per * il, &|t, [dx]| {
+            let (dy, arg) = (&dy[t * per * ol..], &argmax[t * per * ol..]);
+            for ((dx, dy), arg) in dx.chunks_exact_mut(il).zip(dy.chunks_exact(ol)).zip(arg.chunks_exact(ol)) {
                 dx.fill(0.0);
                 for (&d, &a) in dy.iter().zip(arg) {
                     dx[a as usize] += d;
                 }
-            });
+            }
+        });
     }
 }
 
@@ -160,11 +162,12 @@ impl Layer for AvgPool2d {
         let (il, ol) = (win.in_len(), win.out_len());
         assert!(x.len() >= b * il && y.len() >= b * ol, "avg-pool2d: batch buffers too small");
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
-        y[..b * ol].par_chunks_mut(ol).zip(x[..b * il].par_chunks(il)).with_min_len(SAMPLES_PER_TASK).for_each(
-            |(y, x)| {
+        let per = SAMPLES_PER_TASK;
+        team::zip_chunks_mut([&mut y[..b * ol]], per * ol, &|t, [y]| {
+            for (y, x) in y.chunks_exact_mut(ol).zip(x[t * per * il..].chunks_exact(il)) {
                 win.for_each(|o, base| y[o] = win.rows(base).map(|r| x[r].iter().sum::<f32>()).sum::<f32>() * scale);
-            },
-        );
+            }
+        });
     }
     /// `∂x[i] = Σ_{windows ∋ i} ∂y / k²`.
     fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
@@ -172,15 +175,16 @@ impl Layer for AvgPool2d {
         let win = self.window;
         let (b, il, ol) = (io.b, win.in_len(), win.out_len());
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
-        dx[..b * il].par_chunks_mut(il).zip(dy[..b * ol].par_chunks(ol)).with_min_len(SAMPLES_PER_TASK).for_each(
-            |(dx, dy)| {
+        let per = SAMPLES_PER_TASK;
+        team::zip_chunks_mut([&mut dx[..b * il]], per * il, &|t, [dx]| {
+            for (dx, dy) in dx.chunks_exact_mut(il).zip(dy[t * per * ol..].chunks_exact(ol)) {
                 dx.fill(0.0);
                 win.for_each(|o, base| {
                     let d = dy[o] * scale;
                     win.rows(base).for_each(|r| dx[r].iter_mut().for_each(|v| *v += d));
                 });
-            },
-        );
+            }
+        });
     }
 }
 
@@ -255,7 +259,7 @@ mod tests {
     }
 
     /// Max pooling of random data (with ties) against a direct search, for overlapping, exact and
-    /// gapped windows over batches spanning several rayon tasks; the gradient goes to the first
+    /// gapped windows over batches spanning several tasks; the gradient goes to the first
     /// maximum in row-major window order.
     #[test]
     fn max_pool_matches_a_direct_search() {
