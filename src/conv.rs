@@ -31,8 +31,7 @@ use crate::correlate::{Direct, Scratch};
 use crate::gemm::{gemm, Trans};
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use crate::rng::Rng;
-use crate::team;
-use std::marker::PhantomData;
+use crate::team::{self, Pieces};
 
 /// Output side length of a convolution or pooling window sweep, `None` if the window does not fit.
 pub fn out_len(input: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
@@ -286,38 +285,6 @@ impl Tasks<'_> {
         let (col, out) = unsafe { (self.cols.take(t), self.outs.take(t)) };
         let (col_len, out_len) = (col.len() / SAMPLES_PER_TASK * s, out.len() / SAMPLES_PER_TASK * s);
         Task { s, x, col: &mut col[..col_len], out: &mut out[..out_len] }
-    }
-}
-
-/// A mutable buffer cut into consecutive `piece`-long pieces (the last may be shorter), each taken
-/// by one task of a [`team::run`]: the pieces of one `&mut [T]` for tasks on several threads.
-pub(crate) struct Pieces<'a, T> {
-    ptr: *mut T,
-    len: usize,
-    piece: usize,
-    _buf: PhantomData<&'a mut [T]>,
-}
-
-// SAFETY: a `Pieces` only hands out disjoint sub-slices of `Send` data, each once (see `take`).
-unsafe impl<T: Send> Sync for Pieces<'_, T> {}
-
-impl<'a, T> Pieces<'a, T> {
-    pub(crate) fn new(buf: &'a mut [T], piece: usize) -> Pieces<'a, T> {
-        assert!(piece > 0, "pieces: empty pieces");
-        Pieces { ptr: buf.as_mut_ptr(), len: buf.len(), piece, _buf: PhantomData }
-    }
-    /// Piece `i`: elements `i·piece .. min((i + 1)·piece, len)`. Panics past the end.
-    ///
-    /// # Safety
-    /// At most one call per `i` while `self` lives: the pieces of different `i` are disjoint, so
-    /// the slices handed out never alias.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn take(&self, i: usize) -> &mut [T] {
-        let at = i * self.piece;
-        assert!(at < self.len || (at == 0 && self.len == 0), "pieces: piece {i} past the end");
-        // SAFETY: `at..at + len` is inside the buffer, mutably borrowed for `'a`, and (by the
-        // caller's contract) no other live slice from `take` overlaps it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), self.piece.min(self.len - at)) }
     }
 }
 

@@ -14,10 +14,10 @@
 //! whose exact global-batch statistics would cost an extra allreduce per layer and iteration).
 //! With `G = 1` this is LayerNorm over `C×H×W` with per-channel affine, with `G = C` InstanceNorm.
 
-use crate::conv::Pieces;
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use crate::rng::Rng;
 use crate::team;
+use crate::team::Pieces;
 
 pub const EPS: f32 = 1e-5;
 

@@ -4,9 +4,10 @@
 //! columns that no full window covers are dropped, as in PyTorch. Every layer works per sample, on
 //! the [`team`] in tasks of [`SAMPLES_PER_TASK`] samples.
 
-use crate::conv::{out_len, Pieces};
+use crate::conv::out_len;
 use crate::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
 use crate::team;
+use crate::team::Pieces;
 use std::hint::select_unpredictable;
 
 /// Shape of a square pooling window sweep over `[C, H, W]`.

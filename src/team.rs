@@ -1,13 +1,15 @@
 //! A fixed team of helper threads for fine-grained fork-join inside one training step.
 //!
-//! A step of a small model is a dozen short parallel regions (one per GEMM) with serial work in
-//! between. A pool whose idle threads go to sleep pays a wake-up per region, and on a virtual
+//! A step of a small model is a few dozen short parallel regions (each GEMM, each layer's per-sample
+//! or element-wise loop, the optimizer update) with serial work in between; all of them run here,
+//! not on rayon, so no second set of threads competes with the team for the cores. A pool whose idle threads go to sleep pays a wake-up per region, and on a virtual
 //! machine a sleeping vCPU takes tens of microseconds to wake. The team's helpers instead spin for
 //! [`SPIN`] after each job before parking, as BLAS libraries' threads do, so back-to-back regions
 //! hand over in well under a microsecond. The team has `rayon::current_num_threads() − 1` helpers
 //! (read at first use; none with one thread per rank) and runs one job at a time: a caller that
-//! finds it busy (say a GEMM inside a rayon task) runs its tasks itself.
+//! finds it busy (say a GEMM inside a task of a per-sample layer) runs its tasks itself.
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
@@ -92,7 +94,11 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     };
     let mut generation = match guard {
         Some(g) if !t.helpers.is_empty() && tasks > 1 => g,
-        _ => return (0..tasks).for_each(f),
+        // Released first, so a GEMM inside one of these tasks can still use the helpers.
+        other => {
+            drop(other);
+            return (0..tasks).for_each(f);
+        }
     };
     let s = t.shared;
     // SAFETY: the lifetime is erased only for this call: `run` returns after every helper acked this
@@ -136,22 +142,42 @@ pub fn zip_chunks_mut<T: Send, const M: usize>(
 ) {
     let n = bufs.first().map_or(0, |b| b.len());
     assert!(bufs.iter().all(|b| b.len() == n), "zip_chunks_mut: buffers of different lengths");
-    assert!(chunk > 0, "zip_chunks_mut: empty chunks");
-    let ptrs = Ptrs(bufs.map(|b| b.as_mut_ptr()));
-    let ptrs = &ptrs;
-    run(n.div_ceil(chunk), &|i| {
-        let (at, len) = (i * chunk, chunk.min(n - i * chunk));
-        // SAFETY: task `i` runs exactly once (see `run`) and owns elements `at..at + len` of every
-        // buffer, disjoint from the other tasks' ranges and within the buffers, which stay mutably
-        // borrowed until `run` returns.
-        f(i, std::array::from_fn(|k| unsafe { std::slice::from_raw_parts_mut(ptrs.0[k].add(at), len) }))
-    });
+    let pieces = bufs.map(|b| Pieces::new(b, chunk));
+    // SAFETY: task `i` runs exactly once (see `run`), so each piece is taken once.
+    run(n.div_ceil(chunk), &|i| f(i, std::array::from_fn(|k| unsafe { pieces[k].take(i) })));
 }
 
-/// The base pointers of [`zip_chunks_mut`]'s buffers, shared with the helpers.
-struct Ptrs<T, const M: usize>([*mut T; M]);
-// SAFETY: only used to build disjoint sub-slices of `Send` data, one task per range (see above).
-unsafe impl<T: Send, const M: usize> Sync for Ptrs<T, M> {}
+/// A mutable buffer cut into consecutive `piece`-long pieces (the last may be shorter), each taken
+/// by one task of a [`team::run`]: the pieces of one `&mut [T]` for tasks on several threads.
+pub(crate) struct Pieces<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    piece: usize,
+    _buf: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: a `Pieces` only hands out disjoint sub-slices of `Send` data, each once (see `take`).
+unsafe impl<T: Send> Sync for Pieces<'_, T> {}
+
+impl<'a, T> Pieces<'a, T> {
+    pub(crate) fn new(buf: &'a mut [T], piece: usize) -> Pieces<'a, T> {
+        assert!(piece > 0, "pieces: empty pieces");
+        Pieces { ptr: buf.as_mut_ptr(), len: buf.len(), piece, _buf: PhantomData }
+    }
+    /// Piece `i`: elements `i·piece .. min((i + 1)·piece, len)`. Panics past the end.
+    ///
+    /// # Safety
+    /// At most one call per `i` while `self` lives: the pieces of different `i` are disjoint, so
+    /// the slices handed out never alias.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn take(&self, i: usize) -> &mut [T] {
+        let at = i * self.piece;
+        assert!(at < self.len || (at == 0 && self.len == 0), "pieces: piece {i} past the end");
+        // SAFETY: `at..at + len` is inside the buffer, mutably borrowed for `'a`, and (by the
+        // caller's contract) no other live slice from `take` overlaps it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), self.piece.min(self.len - at)) }
+    }
+}
 
 struct Acks {
     s: &'static Shared,
