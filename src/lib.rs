@@ -59,6 +59,7 @@ pub mod metrics;
 pub mod model;
 pub mod norm;
 pub mod optim;
+mod pack;
 pub mod params;
 pub mod plot;
 pub mod pool;
