@@ -3,12 +3,12 @@
 //! Row-major `C (m×n) = alpha · op(A) · op(B) + beta · C`, where `op` optionally transposes.
 //!
 //! On x86-64 CPUs with AVX-512 (detected at run time) the product runs on lbbsp's own packed
-//! kernel: `op(B)` is packed into 32-column panels and `op(A)` into 12-row panels ([`crate::pack`]; the transposes
+//! kernel: `op(B)` is packed into 32-column panels and `op(A)` into 12-row panels (`src/pack.rs`; the transposes
 //! happen during packing), and a 12×32 register tile (24 zmm accumulators, broadcast A times loaded B)
 //! is updated per `k` step. Columns of `C` are split over the [`team`] in 32-aligned chunks (rows
 //! when `C` is narrow), each thread packing into its own reused buffers, so a steady-state call
 //! allocates nothing. `A·Bᵀ` with both operands row-major (a fully connected layer's forward pass)
-//! skips the packing: [`crate::dot`] takes dot products of their contiguous rows. Elsewhere
+//! skips the packing: `src/dot.rs` takes dot products of their contiguous rows. Elsewhere
 //! `matrixmultiply`'s kernels do the work, split the same way.
 //!
 //! Each element of `C` is the same sum in the same order whatever the thread count or the other rows

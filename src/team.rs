@@ -4,7 +4,7 @@
 //! or element-wise loop, the optimizer update) with serial work in between; all of them run here,
 //! not on rayon, so no second set of threads competes with the team for the cores. A pool whose idle threads go to sleep pays a wake-up per region, and on a virtual
 //! machine a sleeping vCPU takes tens of microseconds to wake. The team's helpers instead spin for
-//! [`SPIN`] after each job before parking, as BLAS libraries' threads do, so back-to-back regions
+//! `SPIN` (300 µs) after each job before parking, as BLAS libraries' threads do, so back-to-back regions
 //! hand over in well under a microsecond. The team has `rayon::current_num_threads() − 1` helpers
 //! (read at first use; none with one thread per rank) and runs one job at a time: a caller that
 //! finds it busy (say a GEMM inside a task of a per-sample layer) runs its tasks itself.
