@@ -77,9 +77,8 @@ pub fn gemm(
             dot::nt(rows, cols, k, alpha, a, b, beta, cptr.get().add(i0 * n + j0), n, i0, j0)
         });
     }
-    split(m, n, threads, (MR, NR), &|i0, rows, j0, cols| {
-        let cblk = unsafe { std::slice::from_raw_parts_mut(cptr.get().add(i0 * n + j0), (rows - 1) * n + cols) };
-        engine.run(rows, cols, k, alpha, av, bv, beta, cblk, n, i0, j0)
+    split(m, n, threads, (MR, NR), &|i0, rows, j0, cols| unsafe {
+        engine.run(rows, cols, k, alpha, av, bv, beta, cptr.get().add(i0 * n + j0), n, i0, j0)
     });
 }
 
@@ -151,10 +150,15 @@ impl Engine {
         })
     }
 
-    /// The block of C at rows `i0..i0+m`, columns `j0..j0+n` of the whole product; `c` starts at
+    /// The block of C at rows `i0..i0+m`, columns `j0..j0+n` of the whole product; `c` points at
     /// its first element and has row stride `ldc`.
+    ///
+    /// # Safety
+    /// The block (`m` rows of `n` columns at stride `ldc` from `c`) must be valid for writes and
+    /// touched by no one else during the call. Only a raw pointer describes it: the blocks of the
+    /// column split interleave in memory, so a slice spanning one would overlap the others'.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    unsafe fn run(
         self,
         m: usize,
         n: usize,
@@ -163,7 +167,7 @@ impl Engine {
         a: View,
         b: View,
         beta: f32,
-        c: &mut [f32],
+        c: *mut f32,
         ldc: usize,
         i0: usize,
         j0: usize,
@@ -190,7 +194,7 @@ impl Engine {
                         b.rs as isize,
                         b.cs as isize,
                         beta,
-                        c.as_mut_ptr(),
+                        c,
                         ldc as isize,
                         1,
                     )
@@ -211,6 +215,11 @@ thread_local! {
     static PACK: std::cell::RefCell<Packed> = std::cell::RefCell::new(Packed::default());
 }
 
+thread_local! {
+    /// Whether this thread's packing buffers are sized (see [`prepare_callers`]).
+    static PREPARED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Sizes this thread's packing buffers for the largest block, once: GEMM blocks run on the calling
 /// thread and on the [`team`]'s helpers (which call this when they start), so a steady-state call
 /// never allocates, whichever thread takes which block.
@@ -224,19 +233,23 @@ pub fn prepare_thread() {
     }
 }
 
+/// [`prepare_thread`] for a [`team`] helper, which never needs to prepare a rayon pool: its GEMM
+/// calls (from inside a team task) skip [`prepare_callers`]'s broadcast.
+pub(crate) fn prepare_helper() {
+    prepare_thread();
+    PREPARED.set(true);
+}
+
 /// Sizes the packing buffers of every thread that may call [`gemm`]: the first call from a thread
 /// also sizes those of every worker of its rayon pool (a GEMM inside a rayon task makes that worker
 /// the caller, whichever worker it is, maybe many steps into a run) and marks them done.
 fn prepare_callers() {
-    thread_local! {
-        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    if DONE.get() {
+    if PREPARED.get() {
         return;
     }
     let prepare = || {
         prepare_thread();
-        DONE.set(true);
+        PREPARED.set(true);
     };
     prepare();
     if rayon::current_num_threads() > 1 {
@@ -264,7 +277,8 @@ mod avx512 {
     /// The blocked product for one C block (see [`super::Engine::run`]).
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; `c` must hold `m` rows of `n` columns at stride `ldc`.
+    /// The CPU must support AVX-512F; `c` must point at `m` rows of `n` columns at stride `ldc`,
+    /// valid for writes and used by no one else during the call.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn run(
@@ -276,14 +290,15 @@ mod avx512 {
         a: View,
         b: View,
         beta: f32,
-        c: &mut [f32],
+        c: *mut f32,
         ldc: usize,
         i0: usize,
         j0: usize,
     ) {
         if k == 0 {
-            for row in c.chunks_mut(ldc).take(m) {
-                row[..n].iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
+            for r in 0..m {
+                let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
+                row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
             }
             return;
         }
@@ -316,7 +331,7 @@ mod avx512 {
                         for ir in (0..mc).step_by(MR) {
                             let rows = MR.min(mc - ir);
                             let apan = ap.as_ptr().add(ir * kc);
-                            let cptr = c.as_mut_ptr().add((ic + ir) * ldc + jc + jr);
+                            let cptr = c.add((ic + ir) * ldc + jc + jr);
                             tile(kc, apan, bpan, cptr, ldc, rows, cols, alpha, beta_blk);
                         }
                     }
@@ -447,7 +462,8 @@ mod tests {
         let want = naive(Trans::T, Trans::N, m, n, k, &a, &b);
         let mut c = vec![f32::NAN; m * n];
         let (av, bv) = (View { data: &a, rs: 1, cs: m }, View { data: &b, rs: n, cs: 1 });
-        Engine::Portable.run(m, n, k, 1.0, av, bv, 0.0, &mut c, n, 0, 0);
+        // SAFETY: `c` holds the whole m×n product.
+        unsafe { Engine::Portable.run(m, n, k, 1.0, av, bv, 0.0, c.as_mut_ptr(), n, 0, 0) };
         for (x, y) in c.iter().zip(&want) {
             assert!((x - y).abs() < 1e-4 * k as f32, "{x} vs {y}");
         }

@@ -206,7 +206,7 @@ fn work(s: &Shared, job: &Job, tasks: usize) {
 }
 
 fn helper(s: &'static Shared, me: usize) {
-    crate::gemm::prepare_thread();
+    crate::gemm::prepare_helper();
     let mut seen = 0;
     loop {
         let since = Instant::now();
