@@ -271,7 +271,7 @@ impl Layer for Flatten {
 }
 
 /// Samples per team task in the per-sample layers (convolution, pooling, normalisation, dropout):
-/// enough work per task to cover rayon's overhead, and fixed, so a convolution's weight gradient
+/// enough work per task to cover the hand-over, and fixed, so a convolution's weight gradient
 /// (summed per task, then over tasks in order) does not depend on the number of threads.
 pub const SAMPLES_PER_TASK: usize = 8;
 

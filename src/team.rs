@@ -1,10 +1,11 @@
 //! A fixed team of helper threads for fine-grained fork-join inside one training step.
 //!
-//! A step of a small model is a few dozen short parallel regions (each GEMM, each layer's per-sample
-//! or element-wise loop, the optimizer update) with serial work in between; all of them run here,
-//! not on rayon, so no second set of threads competes with the team for the cores. A pool whose idle threads go to sleep pays a wake-up per region, and on a virtual
-//! machine a sleeping vCPU takes tens of microseconds to wake. The team's helpers instead spin for
-//! `SPIN` (300 µs) after each job before parking, as BLAS libraries' threads do, so back-to-back regions
+//! A step of a small model is a few dozen short parallel regions (each GEMM, each layer's
+//! per-sample or element-wise loop, the optimizer update) with serial work in between; all of them
+//! run here, not on rayon, so no second set of threads competes with the team for the cores. A
+//! pool whose idle threads go to sleep pays a wake-up per region, and on a virtual machine a
+//! sleeping vCPU takes tens of microseconds to wake. The team's helpers instead spin for `SPIN`
+//! (300 µs) after each job before parking, as BLAS libraries' threads do, so back-to-back regions
 //! hand over in well under a microsecond. The team has `rayon::current_num_threads() − 1` helpers
 //! (read at first use; none with one thread per rank) and runs one job at a time: a caller that
 //! finds it busy (say a GEMM inside a task of a per-sample layer) runs its tasks itself.
@@ -148,7 +149,7 @@ pub fn zip_chunks_mut<T: Send, const M: usize>(
 }
 
 /// A mutable buffer cut into consecutive `piece`-long pieces (the last may be shorter), each taken
-/// by one task of a [`team::run`]: the pieces of one `&mut [T]` for tasks on several threads.
+/// by one task of a [`run`]: the pieces of one `&mut [T]` for tasks on several threads.
 pub(crate) struct Pieces<'a, T> {
     ptr: *mut T,
     len: usize,
