@@ -8,7 +8,10 @@
 //! - Memory: the peak resident set (`VmHWM`) of the run against the bytes it must hold
 //!   ([`Footprint`]: data set, parameters, gradients, optimizer state, activations).
 //! - GEMM: GFLOP/s of [`crate::gemm::gemm`] on 2048³ and on the layer shapes of W1.
+//! - Allreduce: the [`ring`](crate::ring) against `MPI_Allreduce` on the same buffers, results
+//!   checked ([`allreduce`]).
 
+use crate::comm::{Allreduce, Communicator, Mpi};
 use crate::dataset::Splits;
 use crate::error::{Error, Result};
 use crate::gemm::{gemm, Trans};
@@ -167,6 +170,57 @@ pub fn gemm_gflops(c: &GemmCase, reps: usize) -> (f64, f64) {
     let mut rates: Vec<f64> = (0..reps.max(1)).map(|_| flops * inner as f64 / run(inner) / 1e9).collect();
     rates.sort_by(f64::total_cmp);
     (rates[rates.len() / 2], rates[rates.len() - 1])
+}
+
+/// One buffer size of [`allreduce`]: median seconds of each algorithm (the slowest rank's).
+#[derive(Debug, Clone, Copy)]
+pub struct AllreduceRow {
+    pub floats: usize,
+    pub mpi_s: f64,
+    pub ring_s: f64,
+}
+
+/// Times `MPI_Allreduce` and lbbsp's allreduce (the ring from [`crate::ring::RING_MIN_FLOATS`]
+/// floats on) on each size, interleaved, `reps` times after a warm-up, a barrier before each call.
+/// The buffers hold small integers, whose sums are exact in any order: each result is checked
+/// against the closed form on every rank, and a wrong sum is an error naming the size.
+pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<AllreduceRow>> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mut rows = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        let value = |r: usize, i: usize| ((i * 7 + r * 13) % 101) as f32;
+        let send: Vec<f32> = (0..n).map(|i| value(rank, i)).collect();
+        let want: Vec<f32> = (0..n).map(|i| (0..world).map(|r| value(r, i)).sum()).collect();
+        let mut recv = vec![0.0f32; n];
+        let mut times = [Vec::with_capacity(reps), Vec::with_capacity(reps)];
+        for rep in 0..reps + 3 {
+            for k in 0..2 {
+                let (which, algo) = [(0, Allreduce::Mpi), (1, Allreduce::Ring)][(rep + k) % 2];
+                recv.fill(f32::NAN);
+                comm.barrier();
+                let t = Instant::now();
+                comm.all_reduce_sum_with(algo, &send, &mut recv);
+                let took = t.elapsed().as_secs_f64();
+                if recv != want {
+                    return Err(Error::Comm(format!("allreduce of {n} floats ({algo:?}) gave a wrong sum on rank {rank}")));
+                }
+                if rep >= 3 {
+                    times[which].push(took);
+                }
+            }
+        }
+        // The slowest rank's time of each call, then the median.
+        let mut med = [0.0f64; 2];
+        for (m, t) in med.iter_mut().zip(&times) {
+            let mut all = vec![0.0f64; t.len() * world];
+            comm.all_gather_into(t, &mut all);
+            let mut slowest: Vec<f64> = (0..t.len()).map(|i| (0..world).map(|r| all[r * t.len() + i]).fold(0.0, f64::max)).collect();
+            slowest.sort_by(f64::total_cmp);
+            *m = slowest.get(slowest.len() / 2).copied().unwrap_or(f64::NAN);
+        }
+        rows.push(AllreduceRow { floats: n, mpi_s: med[0], ring_s: med[1] });
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

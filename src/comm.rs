@@ -6,9 +6,12 @@
 //! one process, for fast tests and simulations of the same code paths.
 
 use crate::error::{Error, Result};
+use crate::ring;
 use mpi::collective::SystemOperation;
+use mpi::point_to_point::send_receive_into;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
+use std::cell::RefCell;
 use std::sync::{Arc, Barrier, Mutex};
 
 /// Collective operations every rank calls in the same order.
@@ -55,11 +58,24 @@ impl Communicator for Solo {
     }
 }
 
+/// How [`Mpi`] sums large f32 buffers (the gradient).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allreduce {
+    /// The [`ring`] on `MPI_Sendrecv` from [`ring::RING_MIN_FLOATS`] floats on, `MPI_Allreduce`
+    /// below (the default).
+    Ring,
+    /// Always `MPI_Allreduce`.
+    Mpi,
+}
+
 /// MPI world communicator. Creating it initialises MPI (funneled: only the main thread calls MPI,
 /// rayon workers never do); dropping it finalises MPI.
 pub struct Mpi {
     world: SimpleCommunicator,
     local_size: usize,
+    allreduce: Allreduce,
+    /// The ring's receive buffer for one chunk, sized on first use.
+    ring_tmp: RefCell<Vec<f32>>,
     // Declared last so the communicators above are dropped before MPI_Finalize.
     _universe: mpi::environment::Universe,
 }
@@ -71,7 +87,22 @@ impl Mpi {
             .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
         let world = universe.world();
         let local_size = world.split_shared(world.rank()).size() as usize;
-        Ok(Mpi { world, local_size, _universe: universe })
+        let allreduce = match std::env::var("LBBSP_ALLREDUCE").as_deref() {
+            Err(_) | Ok("ring") => Allreduce::Ring,
+            Ok("mpi") => Allreduce::Mpi,
+            Ok(other) => {
+                return Err(Error::Comm(format!(
+                    "LBBSP_ALLREDUCE={other:?}: unknown allreduce; use `ring` (the default) or `mpi` (MPI_Allreduce)"
+                )))
+            }
+        };
+        Ok(Mpi { world, local_size, allreduce, ring_tmp: RefCell::default(), _universe: universe })
+    }
+
+    /// Chooses the algorithm of [`Communicator::all_reduce_sum_into`] (every rank must choose the
+    /// same). [`Mpi::init`] takes it from `LBBSP_ALLREDUCE` (`ring` or `mpi`), default ring.
+    pub fn set_allreduce(&mut self, a: Allreduce) {
+        self.allreduce = a;
     }
 }
 
@@ -79,6 +110,21 @@ impl Mpi {
     /// The rsmpi world communicator, for calls beyond the [`Communicator`] trait (benchmarks).
     pub fn world(&self) -> &SimpleCommunicator {
         &self.world
+    }
+
+    /// `recv = Σ_ranks send` by algorithm `a` (every rank must pass the same): [`Allreduce::Ring`]
+    /// for buffers of at least [`ring::RING_MIN_FLOATS`] floats, `MPI_Allreduce` otherwise.
+    pub fn all_reduce_sum_with(&self, a: Allreduce, send: &[f32], recv: &mut [f32]) {
+        let (rank, world) = (self.rank(), self.world_size());
+        if a == Allreduce::Mpi || world == 1 || send.len() < ring::RING_MIN_FLOATS {
+            self.world.all_reduce_into(send, recv, SystemOperation::sum());
+            return;
+        }
+        let next = self.world.process_at_rank(((rank + 1) % world) as i32);
+        let prev = self.world.process_at_rank(((rank + world - 1) % world) as i32);
+        ring::all_reduce_sum(rank, world, send, recv, &mut self.ring_tmp.borrow_mut(), |out, into| {
+            send_receive_into(out, &next, into, &prev);
+        });
     }
 
     /// Ends every rank of the job (`MPI_Abort`), for errors that leave other ranks blocked.
@@ -101,7 +147,7 @@ impl Communicator for Mpi {
         self.world.barrier();
     }
     fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]) {
-        self.world.all_reduce_into(send, recv, SystemOperation::sum());
+        self.all_reduce_sum_with(self.allreduce, send, recv);
     }
     fn all_reduce_sum_f64_into(&self, send: &[f64], recv: &mut [f64]) {
         self.world.all_reduce_into(send, recv, SystemOperation::sum());

@@ -66,6 +66,7 @@ pub mod pool;
 pub mod profile;
 pub mod recipe;
 pub mod residual;
+pub mod ring;
 pub mod rng;
 pub mod shard;
 pub mod sync;

@@ -111,7 +111,8 @@ struct EvalArgs {
 struct BenchArgs {
     /// w1: MLP 784-512-256-10, batch 128 (recipe bench-w1); w2: LeNet-5, batch 64 (bench-w2); both
     /// on random MNIST-shaped data, one rank or N under `mpirun -n N`. gemm: GFLOP/s of the GEMM on
-    /// 2048³ and on W1's layer shapes.
+    /// 2048³ and on W1's layer shapes. allreduce (under mpirun): lbbsp's allreduce against
+    /// MPI_Allreduce on 16 KB to 2.1 MB (W1's gradient) buffers, results checked.
     what: BenchWhat,
     /// Training iterations to run.
     #[arg(long, default_value_t = 200)]
@@ -122,7 +123,8 @@ struct BenchArgs {
     /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
     #[arg(long)]
     threads: Option<usize>,
-    /// gemm: timed samples per shape (their median and best are printed).
+    /// gemm: timed samples per shape (their median and best are printed); allreduce: timed calls
+    /// per size and algorithm.
     #[arg(long, default_value_t = 15)]
     reps: usize,
 }
@@ -132,6 +134,7 @@ enum BenchWhat {
     W1,
     W2,
     Gemm,
+    Allreduce,
 }
 
 #[derive(Subcommand)]
@@ -185,6 +188,7 @@ fn main() {
             BenchWhat::W1 => on_ranks(|comm| bench_on(comm, &args, Workload::W1)),
             BenchWhat::W2 => on_ranks(|comm| bench_on(comm, &args, Workload::W2)),
             BenchWhat::Gemm => bench_gemm(&args),
+            BenchWhat::Allreduce => on_ranks(|comm| bench_allreduce(comm, &args)),
         },
         Cmd::Data { cmd } => run_data(cmd),
         Cmd::Interfere(args) => lbbsp::interfere::run(&args).map_err(Into::into),
@@ -332,6 +336,23 @@ fn bench_gemm(args: &BenchArgs) -> Result<()> {
              gflops_best={best:.1}",
             c.name, c.m, c.n, c.k, c.ta, c.tb
         );
+    }
+    Ok(())
+}
+
+fn bench_allreduce(comm: &Mpi, args: &BenchArgs) -> Result<()> {
+    let rows = lbbsp::bench::allreduce(comm, &[4096, 61_706, 535_818], args.reps)?;
+    if comm.rank() == 0 {
+        for r in rows {
+            println!(
+                "RESULT allreduce ranks={} floats={} mpi_us={:.1} lbbsp_us={:.1} lbbsp_over_mpi={:.3}",
+                comm.world_size(),
+                r.floats,
+                1e6 * r.mpi_s,
+                1e6 * r.ring_s,
+                r.ring_s / r.mpi_s
+            );
+        }
     }
     Ok(())
 }
