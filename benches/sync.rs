@@ -6,9 +6,11 @@
 //! For the gradients of the shipped W1 MLP (mnist-mlp) and LeNet-5 (mnist-lenet5) it interleaves
 //! repetitions of
 //! - `bare`:   rsmpi `all_reduce_into` of the gradient (MPI_Allreduce, sum, f32), nothing else;
-//! - `lbbsp`:  [`GradSync::all_reduce`], the training loop's whole synchronisation (gradient and
-//!   every rank's stats in one allreduce, stats decoded, wait/transfer split);
-//! - `two`:    the loop before `GradSync`: a stats all-gather, then the gradient allreduce;
+//! - `lbbsp`:  the training loop's whole synchronisation, [`GradSync::reduce_scatter`] then
+//!   [`GradSync::all_gather`] of the parameters (gradient and every rank's stats, stats decoded,
+//!   wait/transfer split; the optimizer step between them is not timed);
+//! - `allreduce`: [`GradSync::all_reduce`], the same as one allreduce (the ring from 16 KB on) for a
+//!   loop that updates every parameter on every rank;
 //!
 //! with a barrier before each call and the order rotated every repetition, so each measures its
 //! collective from a common start. A repetition's time is the slowest rank's; the table shows
@@ -23,7 +25,7 @@ use mpi::traits::CommunicatorCollectives;
 use std::hint::black_box;
 use std::time::Instant;
 
-const METHODS: [&str; 3] = ["bare", "lbbsp", "two"];
+const METHODS: [&str; 3] = ["bare", "lbbsp", "allreduce"];
 
 fn main() -> anyhow::Result<()> {
     let comm = Mpi::init()?;
@@ -33,7 +35,7 @@ fn main() -> anyhow::Result<()> {
         println!("{world} rank(s), {reps} repetitions each, interleaved; times are the slowest rank's");
         println!(
             "{:<14} {:>9} {:>11} {:>11} {:>11} {:>12} {:>10}",
-            "gradient", "floats", "bare", "lbbsp", "two", "lbbsp/bare", "two/bare"
+            "gradient", "floats", "bare", "lbbsp", "allreduce", "lbbsp/bare", "allr/bare"
         );
     }
     for name in ["mnist-mlp", "mnist-lenet5"] {
@@ -78,39 +80,41 @@ fn main() -> anyhow::Result<()> {
 /// Seconds of each method in each repetition, `[rep][method]` flattened.
 fn measure(comm: &Mpi, n: usize, reps: usize) -> Vec<f64> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    let mut grads: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 1e-3 + rank as f32).collect();
-    // One send buffer for all; each method receives into its own buffer (as `GradSync` does), so
-    // none finds its output already in cache because another method just wrote it.
-    let (mut summed, mut summed_two) = (vec![0.0f32; n], vec![0.0f32; n]);
-    let mut sync = GradSync::new(n, world);
+    let fresh: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 1e-3 + rank as f32).collect();
+    let mut grads = fresh.clone();
+    let mut params = vec![0.5f32; n];
+    let mut summed = vec![0.0f32; n];
+    // Each method has its own `GradSync`, as a loop would.
+    let (mut sharded, mut whole) = (GradSync::new(n, world), GradSync::new(n, world));
     let mine = RankStats { batch: 64, compute_s: 1e-3, loss_sum: 140.0, interference_s: 0.0, cpu_share: 1.0 };
-    let mut gathered = vec![0.0f64; 5 * world];
     let mut times = vec![0.0f64; reps * METHODS.len()];
-    // Warm up: first-touch of the buffers, MPI's connection setup, the tail's one-time growth.
+    let mut run = |m: usize, grads: &mut Vec<f32>| match m {
+        0 => comm.world().all_reduce_into(&grads[..], &mut summed[..], SystemOperation::sum()),
+        1 => {
+            black_box(sharded.reduce_scatter(comm, grads, &mine));
+            black_box(sharded.all_gather(comm, &mut params));
+        }
+        _ => {
+            black_box(whole.all_reduce(comm, grads, &mine));
+        }
+    };
+    // Warm up: first-touch of the buffers, MPI's connection setup, the tails' one-time growth.
     for _ in 0..20 {
-        comm.world().all_reduce_into(&grads[..], &mut summed[..], SystemOperation::sum());
-        comm.world().all_reduce_into(&grads[..], &mut summed_two[..], SystemOperation::sum());
-        sync.all_reduce(comm, &mut grads, &mine);
+        for m in 0..METHODS.len() {
+            run(m, &mut grads);
+        }
     }
     for i in 0..reps {
         for k in 0..METHODS.len() {
             let m = (i + k) % METHODS.len();
+            // The reduce-scatter sums in place: every method starts from the same gradient.
+            grads.copy_from_slice(&fresh);
             comm.barrier();
             let t = Instant::now();
-            match m {
-                0 => comm.world().all_reduce_into(&grads[..], &mut summed[..], SystemOperation::sum()),
-                1 => {
-                    black_box(sync.all_reduce(comm, &mut grads, &mine));
-                }
-                _ => {
-                    let stats = [mine.batch as f64, mine.compute_s, mine.loss_sum, mine.interference_s, mine.cpu_share];
-                    comm.all_gather_into(&stats, &mut gathered);
-                    comm.all_reduce_sum_into(&grads, &mut summed_two);
-                }
-            }
+            run(m, &mut grads);
             times[i * METHODS.len() + m] = t.elapsed().as_secs_f64();
         }
     }
-    black_box((&summed, &summed_two, sync.grad(), &gathered));
+    black_box((&grads, &params));
     times
 }

@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbbsp::layers::Mode;
 use lbbsp::model::{Model, ModelSpec};
-use lbbsp::optim::{OptimizerConfig, Sgd};
+use lbbsp::optim::{Optimizer, OptimizerConfig};
 use lbbsp::recipe::resolve;
 use lbbsp::rng::Rng;
 use std::hint::black_box;
@@ -32,7 +32,7 @@ lr = 0.05
 momentum = 0.9"#;
 
 /// A model of `spec` with a random MNIST-shaped batch of `b` loaded, and its optimizer.
-fn setup(spec: &ModelSpec, opt: &OptimizerConfig, b: usize) -> (Model, Sgd, f32) {
+fn setup(spec: &ModelSpec, opt: &OptimizerConfig, b: usize) -> (Model, Optimizer, f32) {
     let classes = 10;
     let mut m = Model::new(spec, &[1, 28, 28], classes, 1).expect("model");
     m.set_capacity(b);
@@ -41,7 +41,7 @@ fn setup(spec: &ModelSpec, opt: &OptimizerConfig, b: usize) -> (Model, Sgd, f32)
     x.iter_mut().for_each(|v| *v = rng.uniform(1.0));
     y.iter_mut().for_each(|v| *v = rng.below(classes) as u32);
     ids.iter_mut().enumerate().for_each(|(i, v)| *v = i);
-    let sgd = Sgd::new(opt, m.params.len());
+    let sgd = Optimizer::new(opt, m.params.len());
     (m, sgd, opt.lr)
 }
 

@@ -182,8 +182,9 @@ pub struct AllreduceRow {
 
 /// Times `MPI_Allreduce` and lbbsp's allreduce (the ring from [`crate::ring::RING_MIN_FLOATS`]
 /// floats on) on each size, interleaved, `reps` times after a warm-up, a barrier before each call.
-/// The buffers hold small integers, whose sums are exact in any order: each result is checked
-/// against the closed form on every rank, and a wrong sum is an error naming the size.
+/// The buffers hold small integers, whose sums are exact in any order: each result, and that of the
+/// reduce-scatter + all-gather pair the training loop uses, is checked against the closed form on
+/// every rank; a wrong sum is an error naming the size.
 pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<AllreduceRow>> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let mut rows = Vec::with_capacity(sizes.len());
@@ -202,7 +203,9 @@ pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<Allredu
                 comm.all_reduce_sum_with(algo, &send, &mut recv);
                 let took = t.elapsed().as_secs_f64();
                 if recv != want {
-                    return Err(Error::Comm(format!("allreduce of {n} floats ({algo:?}) gave a wrong sum on rank {rank}")));
+                    return Err(Error::Comm(format!(
+                        "allreduce of {n} floats ({algo:?}) gave a wrong sum on rank {rank}"
+                    )));
                 }
                 if rep >= 3 {
                     times[which].push(took);
@@ -214,9 +217,20 @@ pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<Allredu
         for (m, t) in med.iter_mut().zip(&times) {
             let mut all = vec![0.0f64; t.len() * world];
             comm.all_gather_into(t, &mut all);
-            let mut slowest: Vec<f64> = (0..t.len()).map(|i| (0..world).map(|r| all[r * t.len() + i]).fold(0.0, f64::max)).collect();
+            let mut slowest: Vec<f64> =
+                (0..t.len()).map(|i| (0..world).map(|r| all[r * t.len() + i]).fold(0.0, f64::max)).collect();
             slowest.sort_by(f64::total_cmp);
             *m = slowest.get(slowest.len() / 2).copied().unwrap_or(f64::NAN);
+        }
+        // The training loop's halves, in place, with a tail on the last block: the same sum.
+        recv.copy_from_slice(&send);
+        let split = n - n / 10;
+        comm.reduce_scatter_sum(&mut recv, split);
+        comm.all_gather_blocks(&mut recv, split);
+        if recv != want {
+            return Err(Error::Comm(format!(
+                "reduce-scatter + all-gather of {n} floats gave a wrong sum on rank {rank}"
+            )));
         }
         rows.push(AllreduceRow { floats: n, mpi_s: med[0], ring_s: med[1] });
     }

@@ -29,6 +29,18 @@ pub trait Communicator {
     fn broadcast_into(&self, root: usize, buf: &mut [f32]);
     /// `recv[r·n..(r+1)·n] = send of rank r`, with `n = send.len()`.
     fn all_gather_into(&self, send: &[f64], recv: &mut [f64]);
+    /// Reduce-scatter in place: afterwards this rank's block of `buf`,
+    /// [`ring::block`]`(buf.len(), split, world, rank)`, holds `Σ_ranks` of that block; the rest of
+    /// `buf` is spent. With [`Communicator::all_gather_blocks`] it is an allreduce.
+    fn reduce_scatter_sum(&self, buf: &mut [f32], split: usize);
+    /// All-gather in place: every rank's block of `buf` (as in [`Communicator::reduce_scatter_sum`])
+    /// is copied to all ranks.
+    fn all_gather_blocks(&self, buf: &mut [f32], split: usize);
+}
+
+/// This rank's block of a `len`-float buffer cut at `split` (see [`ring::block`]).
+pub fn my_block(comm: &dyn Communicator, len: usize, split: usize) -> std::ops::Range<usize> {
+    ring::block(len, split, comm.world_size(), comm.rank())
 }
 
 /// The one-rank communicator: every collective is a copy.
@@ -56,6 +68,8 @@ impl Communicator for Solo {
     fn all_gather_into(&self, send: &[f64], recv: &mut [f64]) {
         recv.copy_from_slice(send);
     }
+    fn reduce_scatter_sum(&self, _buf: &mut [f32], _split: usize) {}
+    fn all_gather_blocks(&self, _buf: &mut [f32], _split: usize) {}
 }
 
 /// How [`Mpi`] sums large f32 buffers (the gradient).
@@ -118,13 +132,23 @@ impl Mpi {
         let (rank, world) = (self.rank(), self.world_size());
         if a == Allreduce::Mpi || world == 1 || send.len() < ring::RING_MIN_FLOATS {
             self.world.all_reduce_into(send, recv, SystemOperation::sum());
-            return;
+        } else {
+            ring::all_reduce_sum(rank, world, send, recv, &mut self.ring_tmp.borrow_mut(), self.ring_sendrecv());
         }
+    }
+
+    fn uses_ring(&self, len: usize) -> bool {
+        self.allreduce == Allreduce::Ring && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
+    }
+
+    /// The ring's step: send to the next rank, receive from the previous one (`MPI_Sendrecv`).
+    fn ring_sendrecv(&self) -> impl FnMut(&[f32], &mut [f32]) + '_ {
+        let (rank, world) = (self.rank(), self.world_size());
         let next = self.world.process_at_rank(((rank + 1) % world) as i32);
         let prev = self.world.process_at_rank(((rank + world - 1) % world) as i32);
-        ring::all_reduce_sum(rank, world, send, recv, &mut self.ring_tmp.borrow_mut(), |out, into| {
+        move |out, into| {
             send_receive_into(out, &next, into, &prev);
-        });
+        }
     }
 
     /// Ends every rank of the job (`MPI_Abort`), for errors that leave other ranks blocked.
@@ -157,6 +181,31 @@ impl Communicator for Mpi {
     }
     fn all_gather_into(&self, send: &[f64], recv: &mut [f64]) {
         self.world.all_gather_into(send, recv);
+    }
+    fn reduce_scatter_sum(&self, buf: &mut [f32], split: usize) {
+        let (rank, world) = (self.rank(), self.world_size());
+        let mut tmp = self.ring_tmp.borrow_mut();
+        if self.uses_ring(buf.len()) {
+            ring::reduce_scatter(rank, world, buf, split, &mut tmp, self.ring_sendrecv());
+        } else if world > 1 {
+            // MPI_Allreduce of a copy: every block is summed, this rank's among them.
+            tmp.clear();
+            tmp.extend_from_slice(buf);
+            self.world.all_reduce_into(&tmp[..], buf, SystemOperation::sum());
+        }
+    }
+    fn all_gather_blocks(&self, buf: &mut [f32], split: usize) {
+        let (rank, world) = (self.rank(), self.world_size());
+        if self.uses_ring(buf.len()) {
+            ring::all_gather(rank, world, buf, split, self.ring_sendrecv());
+        } else if world > 1 {
+            let blocks: Vec<_> = (0..world).map(|c| ring::block(buf.len(), split, world, c)).collect();
+            let counts: Vec<i32> = blocks.iter().map(|b| b.len() as i32).collect();
+            let displs: Vec<i32> = blocks.iter().map(|b| b.start as i32).collect();
+            let mine = buf[blocks[rank].clone()].to_vec();
+            let mut parts = mpi::datatype::PartitionMut::new(buf, counts, displs);
+            self.world.all_gather_varcount_into(&mine[..], &mut parts);
+        }
     }
 }
 
@@ -237,6 +286,26 @@ impl Communicator for Local {
         self.exchange(send.iter().copied(), |slots| {
             for (chunk, s) in recv.chunks_exact_mut(send.len().max(1)).zip(slots) {
                 chunk.copy_from_slice(s);
+            }
+        });
+    }
+    fn reduce_scatter_sum(&self, buf: &mut [f32], split: usize) {
+        let mine = my_block(self, buf.len(), split);
+        let data: Vec<f64> = buf.iter().map(|&v| v as f64).collect();
+        self.exchange(data.into_iter(), |slots| {
+            for i in mine {
+                buf[i] = slots.iter().fold(0.0f32, |acc, s| acc + s[i] as f32);
+            }
+        });
+    }
+    fn all_gather_blocks(&self, buf: &mut [f32], split: usize) {
+        let (len, world) = (buf.len(), self.world_size());
+        let data: Vec<f64> = buf.iter().map(|&v| v as f64).collect();
+        self.exchange(data.into_iter(), |slots| {
+            for (c, s) in slots.iter().enumerate() {
+                for i in ring::block(len, split, world, c) {
+                    buf[i] = s[i] as f32;
+                }
             }
         });
     }

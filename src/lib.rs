@@ -39,6 +39,7 @@ pub mod balance;
 pub mod bench;
 pub mod chain;
 pub mod checkpoint;
+pub mod clip;
 pub mod comm;
 pub mod conv;
 pub mod correlate;

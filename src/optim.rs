@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::team;
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 /// Parameters per team task in the element-wise optimizer updates.
 const CHUNK: usize = 1 << 15;
@@ -173,21 +174,6 @@ impl OptimizerConfig {
     }
 }
 
-/// Scales `grads` in place so that their global L2 norm is at most `max_norm`; returns the norm
-/// before clipping.
-///
-/// As `torch.nn.utils.clip_grad_norm_`: the factor is `max_norm / (norm + 1e-6)` when below 1. The
-/// norm is summed sequentially in f64, so every rank, holding the same allreduced gradient, computes
-/// the same factor.
-pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
-    let norm = grads.iter().map(|&g| g as f64 * g as f64).sum::<f64>().sqrt() as f32;
-    let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
-        grads.iter_mut().for_each(|g| *g *= coef);
-    }
-    norm
-}
-
 /// The optimizer a recipe asks for, with its state.
 ///
 /// The state is the step count plus per-parameter buffers laid out like the parameters;
@@ -219,9 +205,18 @@ impl Optimizer {
 
     /// One update of `params` from the (allreduced, possibly clipped) `grads`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+        self.step_block(params, grads, lr, 0..params.len());
+    }
+
+    /// One update of `params[block]` from `grads[block]`, leaving the other parameters and their
+    /// state alone; the step count advances once. A sharded step: each rank updates the block it
+    /// owns after a reduce-scatter, and an all-gather shares the result (see `train`). Element-wise,
+    /// so the block gets the same bits as in a full step.
+    pub fn step_block(&mut self, params: &mut [f32], grads: &[f32], lr: f32, block: Range<usize>) {
+        assert_eq!(params.len(), grads.len(), "parameters and gradients");
         match self {
-            Optimizer::Sgd(o) => o.step(params, grads, lr),
-            Optimizer::Adam(o) => o.step(params, grads, lr),
+            Optimizer::Sgd(o) => o.step(&mut params[block.clone()], &grads[block.clone()], lr, block),
+            Optimizer::Adam(o) => o.step(&mut params[block.clone()], &grads[block.clone()], lr, block),
         }
     }
 
@@ -290,8 +285,9 @@ impl Sgd {
         }
     }
 
-    /// One step: `g ← g + wd·θ; v ← μ·v + g; θ ← θ − lr·(nesterov ? g + μ·v : v)`.
-    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+    /// One step of the parameters `params` = block `block` of all:
+    /// `g ← g + wd·θ; v ← μ·v + g; θ ← θ − lr·(nesterov ? g + μ·v : v)`.
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, block: Range<usize>) {
         assert_eq!(params.len(), grads.len());
         self.step += 1;
         let (mu, wd) = (self.momentum, self.weight_decay);
@@ -306,7 +302,7 @@ impl Sgd {
         // Element-wise, so chunks over the team give the same bits as one loop; the Nesterov
         // choice is hoisted out of the loop so each one vectorises.
         let nesterov = self.nesterov;
-        team::zip_chunks_mut([params, &mut self.velocity], CHUNK, &|i, [ps, vs]| {
+        team::zip_chunks_mut([params, &mut self.velocity[block]], CHUNK, &|i, [ps, vs]| {
             let it = ps.iter_mut().zip(&grads[i * CHUNK..]).zip(vs.iter_mut());
             if nesterov {
                 for ((p, &g), v) in it {
@@ -361,9 +357,9 @@ impl Adam {
     /// m ← β₁·m + (1 − β₁)·g             v ← β₂·v + (1 − β₂)·g²
     /// θ ← θ − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
     /// ```
-    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+    fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, block: Range<usize>) {
         assert_eq!(params.len(), grads.len());
-        assert_eq!(params.len(), self.exp_avg.len());
+        assert_eq!(params.len(), block.len());
         self.step += 1;
         let t = self.step as f64;
         let (b1, b2, eps, wd) = (self.beta1, self.beta2, self.eps, self.weight_decay);
@@ -371,7 +367,7 @@ impl Adam {
         let step_size = (lr as f64 / (1.0 - (b1 as f64).powf(t))) as f32;
         let bc2_sqrt = (1.0 - (b2 as f64).powf(t)).sqrt() as f32;
         let (decay, l2) = if self.decoupled { (1.0 - lr * wd, 0.0) } else { (1.0, wd) };
-        let moments = [params, &mut self.exp_avg, &mut self.exp_avg_sq];
+        let moments = [params, &mut self.exp_avg[block.clone()], &mut self.exp_avg_sq[block]];
         team::zip_chunks_mut(moments, CHUNK, &|i, [ps, ms, vs]| {
             for ((p, &g), (m, v)) in ps.iter_mut().zip(&grads[i * CHUNK..]).zip(ms.iter_mut().zip(vs.iter_mut())) {
                 *p *= decay;
@@ -501,13 +497,28 @@ mod tests {
     }
 
     #[test]
-    fn clipping_scales_to_the_max_norm() {
-        let mut g = vec![3.0f32, 4.0];
-        assert_eq!(clip_grad_norm(&mut g, 1.0), 5.0);
-        close(&g, &[0.6, 0.8]);
-        let mut small = vec![0.3f32, 0.4];
-        assert!((clip_grad_norm(&mut small, 1.0) - 0.5).abs() < 1e-7);
-        assert_eq!(small, [0.3, 0.4], "a gradient within the norm is left alone");
+    fn blocks_updated_one_by_one_equal_one_full_step() {
+        for c in [cfg(0.9, true, 0.01), cfg(0.0, false, 0.0), adam(OptimizerKind::AdamW, [0.9, 0.99], 1e-8, 0.1)] {
+            let n = 1000;
+            let p0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let (mut full, mut blocks) = (Optimizer::new(&c, n), Optimizer::new(&c, n));
+            let (mut pf, mut pb) = (p0.clone(), p0);
+            for t in 0..3 {
+                let g: Vec<f32> = (0..n).map(|i| ((i + t) as f32 * 0.11).cos()).collect();
+                full.step(&mut pf, &g, 0.1);
+                // Three "ranks" update their blocks, as after a reduce-scatter; the gather is implicit
+                // (one shared buffer). Each block advances the count; one step is one increment.
+                for (k, r) in [0..300, 300..301, 301..n].into_iter().enumerate() {
+                    let before = blocks.state().step;
+                    blocks.step_block(&mut pb, &g, 0.1, r);
+                    if k < 2 {
+                        blocks.set_step(before);
+                    }
+                }
+                assert!(pf.iter().zip(&pb).all(|(a, b)| a.to_bits() == b.to_bits()), "{:?} step {t}", c.kind);
+            }
+            assert_eq!(full, blocks);
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! The buffer is cut into one chunk per rank. A **reduce-scatter** passes partial sums around the
 //! ring (`world − 1` steps: each rank sends one chunk to the next rank, receives another from the
 //! previous one and adds its own contribution), after which rank `r` holds the complete sum of
-//! chunk `r + 1`. An **all-gather** then passes the finished chunks around the ring (`world − 1`
+//! chunk `r`. An **all-gather** then passes the finished chunks around the ring (`world − 1`
 //! more steps). Each rank sends and receives `2·(world − 1)/world` of the buffer, the bandwidth
 //! optimum (Patarasuk & Yuan 2009; Baidu's and Horovod's allreduce).
 //!
@@ -16,6 +16,11 @@
 //!
 //! Every element of the result is summed once, by one rank, and copied to the others, so all ranks
 //! hold the same bits; the summation order is fixed by the ring, so runs are deterministic.
+//!
+//! The two halves are also used on their own: the training loop reduce-scatters the gradient,
+//! updates only the parameters of the block it owns, and all-gathers the parameters (a sharded
+//! optimizer step, as ZeRO stage 1), which moves the same bytes as the allreduce but leaves each
+//! rank `1/world` of the update.
 
 use std::ops::Range;
 
@@ -25,6 +30,18 @@ pub const RING_MIN_FLOATS: usize = 4096;
 /// Chunk `c` of `n` floats cut into `world` near-equal chunks.
 pub fn chunk(n: usize, world: usize, c: usize) -> Range<usize> {
     c * n / world..(c + 1) * n / world
+}
+
+/// Block `c` of a buffer of `len` floats whose first `split` are cut into `world` chunks
+/// ([`chunk`]); the last block also takes the tail `split..len`. Rank `c` owns block `c` in
+/// [`reduce_scatter`] and [`all_gather`].
+pub fn block(len: usize, split: usize, world: usize, c: usize) -> Range<usize> {
+    let r = chunk(split, world, c);
+    if c + 1 == world {
+        r.start..len
+    } else {
+        r
+    }
 }
 
 /// `recv = Σ_ranks send` by the ring; `sendrecv(out, into)` sends `out` to rank `rank + 1` and
@@ -38,31 +55,84 @@ pub fn all_reduce_sum(
     tmp: &mut Vec<f32>,
     mut sendrecv: impl FnMut(&[f32], &mut [f32]),
 ) {
-    let n = send.len();
-    assert_eq!(recv.len(), n, "allreduce: receive buffer length");
+    assert_eq!(recv.len(), send.len(), "allreduce: receive buffer length");
     if world == 1 {
         recv.copy_from_slice(send);
         return;
     }
-    let at = |c: usize| chunk(n, world, c % world);
-    let longest = n.div_ceil(world);
+    let n = send.len();
+    reduce_scatter_from(rank, world, Some(send), recv, n, tmp, &mut sendrecv);
+    all_gather(rank, world, recv, n, &mut sendrecv);
+}
+
+/// Reduce-scatter in place: afterwards `buf[block(len, split, world, rank)]` holds the sum over
+/// ranks of that block (the rest of `buf` holds partial sums).
+pub fn reduce_scatter(
+    rank: usize,
+    world: usize,
+    buf: &mut [f32],
+    split: usize,
+    tmp: &mut Vec<f32>,
+    mut sendrecv: impl FnMut(&[f32], &mut [f32]),
+) {
+    reduce_scatter_from(rank, world, None, buf, split, tmp, &mut sendrecv);
+}
+
+/// The reduce-scatter, reading this rank's contributions from `send` (or from `buf` itself) and
+/// accumulating into `buf`. At step `s` rank `r` sends block `r − s − 1` (its own data at `s = 0`,
+/// a partial sum after) and receives block `r − s − 2`, adding its own part; after `world − 1` steps
+/// block `r` is complete. Every sum is `own + received`, the same order in place or not.
+fn reduce_scatter_from(
+    rank: usize,
+    world: usize,
+    send: Option<&[f32]>,
+    buf: &mut [f32],
+    split: usize,
+    tmp: &mut Vec<f32>,
+    sendrecv: &mut impl FnMut(&[f32], &mut [f32]),
+) {
+    let len = buf.len();
+    let at = |c: usize| block(len, split, world, c % world);
+    let longest = (0..world).map(|c| at(c).len()).max().unwrap_or(0);
     if tmp.len() < longest {
         tmp.resize(longest, 0.0);
     }
-    // Reduce-scatter: at step s, send chunk r − s (own data at s = 0, a partial sum after), receive
-    // chunk r − s − 1 and add this rank's part. After world − 1 steps chunk r + 1 is complete here.
     for s in 0..world - 1 {
-        let (out, into) = (at(rank + world - s), at(rank + 2 * world - s - 1));
+        let (out, into) = (at(rank + 2 * world - 1 - s), at(rank + 2 * world - 2 - s));
         let part = &mut tmp[..into.len()];
-        sendrecv(if s == 0 { &send[out] } else { &recv[out] }, part);
-        for ((r, &mine), &theirs) in recv[into.clone()].iter_mut().zip(&send[into]).zip(part.iter()) {
-            *r = mine + theirs;
+        match send {
+            Some(own) if s == 0 => sendrecv(&own[out], part),
+            _ => sendrecv(&buf[out], part),
+        }
+        match send {
+            Some(own) => {
+                for ((b, &mine), &theirs) in buf[into.clone()].iter_mut().zip(&own[into]).zip(part.iter()) {
+                    *b = mine + theirs;
+                }
+            }
+            None => {
+                for (b, &theirs) in buf[into].iter_mut().zip(part.iter()) {
+                    *b += theirs;
+                }
+            }
         }
     }
-    // All-gather: pass the complete chunks on; each received chunk is the next one sent.
-    for s in 0..world - 1 {
-        let (out, into) = (at(rank + 1 + world - s), at(rank + world - s));
-        let (src, dst) = disjoint(recv, out, into);
+}
+
+/// All-gather in place: rank `r`'s block `block(len, split, world, r)` of `buf` is copied to every
+/// rank. At step `s` rank `r` passes on block `r − s` and receives block `r − s − 1`.
+pub fn all_gather(
+    rank: usize,
+    world: usize,
+    buf: &mut [f32],
+    split: usize,
+    mut sendrecv: impl FnMut(&[f32], &mut [f32]),
+) {
+    let len = buf.len();
+    let at = |c: usize| block(len, split, world, c % world);
+    for s in 0..world.saturating_sub(1) {
+        let (out, into) = (at(rank + world - s), at(rank + 2 * world - s - 1));
+        let (src, dst) = disjoint(buf, out, into);
         sendrecv(src, dst);
     }
 }
@@ -83,30 +153,42 @@ mod tests {
     use super::*;
     use std::sync::mpsc::{channel, Receiver, Sender};
 
-    /// Runs the ring on `world` threads joined by channels; returns every rank's result.
-    fn ring(world: usize, inputs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+    type SendRecv<'a> = dyn FnMut(&[f32], &mut [f32]) + 'a;
+
+    /// Runs `f(rank, input, sendrecv)` on `world` threads joined in a ring by channels.
+    fn on_threads(
+        world: usize,
+        inputs: Vec<Vec<f32>>,
+        f: impl Fn(usize, Vec<f32>, &mut SendRecv) -> Vec<f32> + Send + Sync + Copy + 'static,
+    ) -> Vec<Vec<f32>> {
         let (txs, rxs): (Vec<Sender<Vec<f32>>>, Vec<Receiver<Vec<f32>>>) = (0..world).map(|_| channel()).unzip();
         let handles: Vec<_> = rxs
             .into_iter()
             .zip(inputs)
             .enumerate()
-            .map(|(rank, (rx, send))| {
+            .map(|(rank, (rx, input))| {
                 // Rank r sends into r + 1's channel and receives from its own.
                 let next = txs[(rank + 1) % world].clone();
                 std::thread::spawn(move || {
-                    let mut recv = vec![f32::NAN; send.len()];
-                    let mut tmp = Vec::new();
-                    all_reduce_sum(rank, world, &send, &mut recv, &mut tmp, |out, into| {
+                    let mut sendrecv = |out: &[f32], into: &mut [f32]| {
                         next.send(out.to_vec()).unwrap();
                         let got = rx.recv().unwrap();
-                        assert_eq!(got.len(), into.len(), "rank {rank}: sender and receiver agree on the chunk");
+                        assert_eq!(got.len(), into.len(), "rank {rank}: sender and receiver agree on the block");
                         into.copy_from_slice(&got);
-                    });
-                    recv
+                    };
+                    f(rank, input, &mut sendrecv)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    fn ring(world: usize, inputs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        on_threads(world, inputs, move |rank, send, sendrecv| {
+            let mut recv = vec![f32::NAN; send.len()];
+            all_reduce_sum(rank, world, &send, &mut recv, &mut Vec::new(), sendrecv);
+            recv
+        })
     }
 
     #[test]
@@ -128,11 +210,40 @@ mod tests {
     fn all_ranks_hold_the_same_bits_with_rounding() {
         // Values whose sum depends on the order: the ranks must still agree bit for bit.
         let world = 4;
-        let inputs: Vec<Vec<f32>> =
-            (0..world).map(|r| (0..999).map(|i| 1.0 / (1.0 + i as f32 + 0.37 * r as f32) * 1e3f32.powi(r as i32 % 3)).collect()).collect();
+        let inputs: Vec<Vec<f32>> = (0..world)
+            .map(|r| (0..999).map(|i| 1.0 / (1.0 + i as f32 + 0.37 * r as f32) * 1e3f32.powi(r as i32 % 3)).collect())
+            .collect();
         let out = ring(world, inputs);
         for r in 1..world {
-            assert!(out[r].iter().zip(&out[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {r} differs from rank 0");
+            assert!(
+                out[r].iter().zip(&out[0]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {r} differs from rank 0"
+            );
+        }
+    }
+
+    #[test]
+    fn reduce_scatter_then_all_gather_is_an_allreduce_with_a_tail_on_the_last_block() {
+        for world in 1..=4usize {
+            for (len, split) in [(10, 7), (100, 100), (3, 0), (50, 45)] {
+                let inputs: Vec<Vec<f32>> =
+                    (0..world).map(|r| (0..len).map(|i| ((i * 5 + r * 3) % 17) as f32).collect()).collect();
+                let want: Vec<f32> = (0..len).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
+                let out = on_threads(world, inputs, move |rank, mut buf, sendrecv| {
+                    let mut tmp = Vec::new();
+                    reduce_scatter(rank, world, &mut buf, split, &mut tmp, &mut *sendrecv);
+                    let mine = block(len, split, world, rank);
+                    let summed = buf[mine.clone()].to_vec();
+                    // Only the owned block is summed; poison the rest to prove the gather fills it.
+                    buf.iter_mut().enumerate().filter(|(i, _)| !mine.contains(i)).for_each(|(_, b)| *b = f32::NAN);
+                    all_gather(rank, world, &mut buf, split, &mut *sendrecv);
+                    assert_eq!(buf[mine], summed[..]);
+                    buf
+                });
+                for (r, got) in out.into_iter().enumerate() {
+                    assert_eq!(got, want, "world {world}, len {len}, split {split}, rank {r}");
+                }
+            }
         }
     }
 

@@ -14,7 +14,8 @@
 //! stats are f64 (seconds, loss sums): each travels as its 64 bits split into three integers below
 //! 2²², which f32 holds exactly, so every rank decodes bit for bit the f64 the owner sent.
 
-use crate::comm::Communicator;
+use crate::comm::{my_block, Communicator};
+use std::ops::Range;
 use std::time::Instant;
 
 /// One rank's statistics of an iteration.
@@ -94,13 +95,22 @@ pub struct GradSync {
     params: usize,
     /// `[Σ_ranks gradient | every rank's stats slot]` after [`GradSync::all_reduce`].
     summed: Vec<f32>,
-    /// Every rank's stats in rank order, after [`GradSync::all_reduce`].
+    /// Every rank's stats in rank order, after [`GradSync::all_reduce`] or
+    /// [`GradSync::all_gather`].
     pub stats: Vec<RankStats>,
+    /// Seconds of the last [`GradSync::reduce_scatter`].
+    scatter_s: f64,
 }
 
 impl GradSync {
     pub fn new(params: usize, world: usize) -> GradSync {
-        GradSync { params, summed: vec![0.0; params + world * STATS_SLOTS], stats: vec![RankStats::default(); world] }
+        // Zeroed pages: the sharded path touches only the stats tail of `summed`.
+        GradSync {
+            params,
+            summed: vec![0.0; params + world * STATS_SLOTS],
+            stats: vec![RankStats::default(); world],
+            scatter_s: 0.0,
+        }
     }
 
     /// The distributed step: one allreduce-sum of `[grads | stats slots]`, with `mine` in this
@@ -113,7 +123,58 @@ impl GradSync {
     /// With one rank the sum is `grads` itself, so the two buffers are swapped instead of copied
     /// (`grads` then holds the previous step's sum).
     pub fn all_reduce(&mut self, comm: &dyn Communicator, grads: &mut Vec<f32>, mine: &RankStats) -> SyncTime {
-        let (rank, world) = (comm.rank(), comm.world_size());
+        self.append_stats(comm, grads, mine);
+        let t = Instant::now();
+        if comm.world_size() == 1 {
+            std::mem::swap(grads, &mut self.summed);
+        } else {
+            comm.all_reduce_sum_into(grads, &mut self.summed);
+        }
+        let sync_s = t.elapsed().as_secs_f64();
+
+        grads.truncate(self.params);
+        Self::decode_stats(&mut self.stats, &self.summed[self.params..]);
+        self.split_time(comm.rank(), sync_s)
+    }
+
+    /// The sharded distributed step, first half: a reduce-scatter of `[grads | stats slots]`, with
+    /// `mine` in this rank's slot. Returns this rank's block of the gradient; `grads[block]` is then
+    /// `Σ_ranks grads` there (the rest of `grads` is spent). Update those parameters only
+    /// ([`Optimizer::step_block`](crate::optim::Optimizer::step_block)), then call
+    /// [`GradSync::all_gather`]. The bytes moved are an allreduce's, but each rank does `1/world`
+    /// of the optimizer's work. Allocates only on the first call.
+    pub fn reduce_scatter(&mut self, comm: &dyn Communicator, grads: &mut Vec<f32>, mine: &RankStats) -> Range<usize> {
+        self.append_stats(comm, grads, mine);
+        let t = Instant::now();
+        comm.reduce_scatter_sum(grads, self.params);
+        self.scatter_s = t.elapsed().as_secs_f64();
+        // The summed stats are in the last rank's block; keep them for the gather.
+        let block = my_block(comm, grads.len(), self.params);
+        let tail = block.start.max(self.params)..block.end.max(self.params);
+        self.summed[tail.clone()].copy_from_slice(&grads[tail]);
+        grads.truncate(self.params);
+        block.start.min(self.params)..block.end.min(self.params)
+    }
+
+    /// The sharded distributed step, second half: every rank's block of `params` (just updated by
+    /// its optimizer) goes to all ranks, and the stats with it; `stats` then holds every rank's.
+    /// Returns the wait/transfer split of both halves together.
+    pub fn all_gather(&mut self, comm: &dyn Communicator, params: &mut Vec<f32>) -> SyncTime {
+        assert_eq!(params.len(), self.params, "parameter length");
+        let len = self.summed.len();
+        params.reserve_exact(len - self.params);
+        params.extend_from_slice(&self.summed[self.params..]);
+        let t = Instant::now();
+        comm.all_gather_blocks(params, self.params);
+        let sync_s = self.scatter_s + t.elapsed().as_secs_f64();
+        Self::decode_stats(&mut self.stats, &params[self.params..]);
+        params.truncate(self.params);
+        self.split_time(comm.rank(), sync_s)
+    }
+
+    /// Appends the stats slots to `grads`, `mine` in this rank's and zeros elsewhere.
+    fn append_stats(&self, comm: &dyn Communicator, grads: &mut Vec<f32>, mine: &RankStats) {
+        let world = comm.world_size();
         assert_eq!(grads.len(), self.params, "gradient length");
         assert_eq!(
             self.stats.len(),
@@ -123,22 +184,19 @@ impl GradSync {
         );
         grads.reserve_exact(world * STATS_SLOTS);
         grads.resize(self.params + world * STATS_SLOTS, 0.0);
-        mine.encode(&mut grads[self.params + rank * STATS_SLOTS..][..STATS_SLOTS]);
+        mine.encode(&mut grads[self.params + comm.rank() * STATS_SLOTS..][..STATS_SLOTS]);
+    }
 
-        let t = Instant::now();
-        if world == 1 {
-            std::mem::swap(grads, &mut self.summed);
-        } else {
-            comm.all_reduce_sum_into(grads, &mut self.summed);
-        }
-        let sync_s = t.elapsed().as_secs_f64();
-
-        grads.truncate(self.params);
-        for (s, slot) in self.stats.iter_mut().zip(self.summed[self.params..].chunks_exact(STATS_SLOTS)) {
+    fn decode_stats(stats: &mut [RankStats], tail: &[f32]) {
+        for (s, slot) in stats.iter_mut().zip(tail.chunks_exact(STATS_SLOTS)) {
             *s = RankStats::decode(slot);
         }
+    }
+
+    /// Splits `sync_s` into waiting for the slowest rank's compute and transfer.
+    fn split_time(&self, rank: usize, sync_s: f64) -> SyncTime {
         let slowest = self.stats.iter().map(|s| s.compute_s).fold(0.0, f64::max);
-        let wait_s = (slowest - mine.compute_s).clamp(0.0, sync_s);
+        let wait_s = (slowest - self.stats[rank].compute_s).clamp(0.0, sync_s);
         SyncTime { wait_s, comm_s: sync_s - wait_s }
     }
 
@@ -202,6 +260,40 @@ mod tests {
             if r == 2 {
                 assert_eq!(took.wait_s, 0.0);
             }
+        }
+    }
+
+    #[test]
+    fn scatter_update_gather_equals_allreduce_then_update() {
+        // 3 ranks, 40 parameters: each rank doubles its block of the summed gradient into the
+        // parameters; after the gather every rank holds the full result and everyone's stats.
+        let handles: Vec<_> = Local::group(3)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let r = c.rank();
+                    let mut grads: Vec<f32> = (0..40).map(|i| (i * (r + 1)) as f32).collect();
+                    let mut params = vec![1.0f32; 40];
+                    let mut sync = GradSync::new(40, 3);
+                    for _ in 0..2 {
+                        let block = sync.reduce_scatter(&c, &mut grads, &stats_of(r));
+                        assert_eq!(grads.len(), 40, "gradient length restored");
+                        for i in block {
+                            params[i] += 2.0 * grads[i];
+                        }
+                        sync.all_gather(&c, &mut params);
+                        assert_eq!(params.len(), 40, "parameter length restored");
+                        grads = (0..40).map(|i| (i * (r + 1)) as f32).collect();
+                    }
+                    (params, sync.stats.clone())
+                })
+            })
+            .collect();
+        for h in handles {
+            let (params, stats) = h.join().unwrap();
+            let want: Vec<f32> = (0..40).map(|i| 1.0 + 2.0 * 2.0 * (6 * i) as f32).collect();
+            assert_eq!(params, want);
+            assert_eq!(stats, (0..3).map(stats_of).collect::<Vec<_>>());
         }
     }
 

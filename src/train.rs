@@ -3,15 +3,17 @@
 //! Per iteration, on every rank:
 //! 1. take this rank's slice of the global batch (sizes from the [`Balancer`]),
 //! 2. forward + backward: local gradient `Σ_{j ∈ slice} ∇ℓ_j / B` (timed: compute),
-//! 3. **the distributed step**, one collective ([`GradSync`]): allreduce-sum of
-//!    `[local gradient | stats slots]`. The gradient part of the sum is the exact mean gradient of
-//!    the global batch, whatever the split; the stats part is an all-gather of every rank's
-//!    `(b_i, compute_i, loss, …)`, since each rank writes only its own slot and zeros elsewhere.
-//!    Its duration splits into waiting for the slowest rank and transfer
+//! 3. **the distributed step** ([`GradSync`]): an allreduce-sum of
+//!    `[local gradient | stats slots]`, done as its two halves around the optimizer. The gradient
+//!    part of the sum is the exact mean gradient of the global batch, whatever the split; the stats
+//!    part is an all-gather of every rank's `(b_i, compute_i, loss, …)`, since each rank writes only
+//!    its own slot and zeros elsewhere. The reduce-scatter leaves each rank the summed gradient of
+//!    its block of the parameters; it updates that block (after optional gradient-norm clipping,
+//!    with the norm summed over ranks) and the all-gather shares the updated parameters and the
+//!    stats. The time splits into waiting for the slowest rank and transfer
 //!    ([`SyncTime`](crate::sync::SyncTime)),
-//! 4. identical optimizer step everywhere (after optional gradient-norm clipping); the balancer, fed
-//!    the same gathered stats on every rank, computes the same next split everywhere (no broadcast
-//!    needed).
+//! 4. the balancer, fed the same gathered stats on every rank, computes the same next split
+//!    everywhere (no broadcast needed).
 //!
 //! Given the parameters, the optimizer state, the position in the epoch permutation and the balancer
 //! state, the loop is deterministic, so a run resumed from a [`checkpoint`] ends with
@@ -19,13 +21,14 @@
 
 use crate::balance::{Balancer, Observation};
 use crate::checkpoint::{self, Progress, Snapshot};
+use crate::clip::clip_grad_norm_blocks;
 use crate::comm::Communicator;
 use crate::dataset::{Dataset, Splits};
 use crate::error::Result;
 use crate::layers::Mode;
 use crate::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
 use crate::model::Model;
-use crate::optim::{clip_grad_norm, Optimizer};
+use crate::optim::Optimizer;
 use crate::profile::CpuSampler;
 use crate::recipe::Recipe;
 use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
@@ -91,7 +94,16 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let bar = progress_bar(rank == 0 && opts.progress, total_iters);
     bar.set_position(start.step.min(total_iters) as u64);
     let mut last_saved = None;
-    let save = |progress: &Progress, model: &Model, opt: &Optimizer, balancer: &Balancer| -> Result<()> {
+    // Every rank takes part (the optimizer's state is current only on each rank's own block until
+    // gathered); rank 0 writes.
+    let save = |progress: &Progress, model: &Model, opt: &mut Optimizer, balancer: &Balancer| -> Result<()> {
+        if opts.checkpoint_dir.is_none() {
+            return Ok(());
+        }
+        for (_, buf) in opt.buffers_mut() {
+            let n = buf.len();
+            comm.all_gather_blocks(buf, n);
+        }
         match (&opts.checkpoint_dir, rank) {
             (Some(dir), 0) => {
                 let snap = Snapshot {
@@ -159,18 +171,21 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 cpu_share: cpu.cpu_share,
             };
 
-            // ---- The distributed step: weighted gradient allreduce, carrying every rank's stats.
-            // Each rank contributed its gradient *sum* / B, so the sum over ranks is the exact mean
-            // over the global batch. Fast ranks block in it until the slowest arrives: the time is
-            // split into wait (for the slowest rank's compute) and transfer, see `SyncTime`. ----
-            let took = sync.all_reduce(comm, &mut model.grads, &mine);
-
-            // Same gradient on every rank, so the same clipping factor everywhere.
+            // ---- The distributed step: the weighted gradient allreduce, cut in its two halves
+            // around the optimizer. Each rank contributed its gradient *sum* / B, so the sum over
+            // ranks is the exact mean over the global batch. The reduce-scatter leaves each rank
+            // that sum on its own block of the parameters (with every rank's stats riding along);
+            // it updates only that block, and the all-gather hands the updated blocks to all
+            // ranks: an allreduce's bytes, 1/world of the optimizer's work each (ZeRO stage 1).
+            // Fast ranks block until the slowest arrives: the time is split into wait (for the
+            // slowest rank's compute) and transfer, see `SyncTime`. ----
+            let block = sync.reduce_scatter(comm, &mut model.grads, &mine);
             if let Some(max_norm) = recipe.optimizer.clip_grad_norm {
-                clip_grad_norm(sync.grad_mut(), max_norm);
+                clip_grad_norm_blocks(&mut model.grads[block.clone()], max_norm, comm);
             }
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
-            opt.step(&mut model.params, sync.grad(), lr);
+            opt.step_block(&mut model.params, &model.grads, lr, block);
+            let took = sync.all_gather(comm, &mut model.params);
             obs.clear();
             obs.extend(sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
             balancer.observe(&obs);
@@ -203,7 +218,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             iter += 1;
             pos = (epoch, t + 1);
             if opts.checkpoint_every.is_some_and(|k| iter % k == 0) {
-                save(&progress_at(iter, pos, epoch_loss, &evals), &model, &opt, &balancer)?;
+                save(&progress_at(iter, pos, epoch_loss, &evals), &model, &mut opt, &balancer)?;
                 last_saved = Some(iter);
             }
         }
@@ -231,7 +246,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     }
     bar.finish_and_clear();
     if iter > start.step && last_saved != Some(iter) {
-        save(&progress_at(iter, pos, epoch_loss, &evals), &model, &opt, &balancer)?;
+        save(&progress_at(iter, pos, epoch_loss, &evals), &model, &mut opt, &balancer)?;
     }
 
     // Wait and transfer times are per rank but only known after the iteration's collective, so

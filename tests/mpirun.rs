@@ -74,3 +74,15 @@ fn impossible_batch_fails_cleanly_under_mpirun() {
     assert!(err.contains("train.global_batch") && err.contains("3 ranks"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The ring allreduce and the loop's reduce-scatter + all-gather give exact sums on 2 and 3 ranks
+/// (`lbbsp bench allreduce` checks every result and fails on a wrong one).
+#[test]
+fn allreduce_and_its_halves_are_exact_on_2_and_3_ranks() {
+    for ranks in [2, 3] {
+        let out = lbbsp_ok(ranks, &["bench", "allreduce", "--reps", "2"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.matches("RESULT allreduce").count(), 3, "{text}");
+        assert!(text.contains(&format!("ranks={ranks} floats=535818")), "{text}");
+    }
+}
