@@ -26,7 +26,7 @@ pub struct IterRecord {
     /// Per rank: seconds of gather + forward + backward of its slice.
     pub compute_s: Vec<f64>,
     /// Per rank: seconds of the iteration's collective spent waiting for slower ranks. Waiting and
-    /// transfer happen inside one allreduce, so this is inferred: `max_j compute_j − compute_i`,
+    /// transfer happen inside one collective, so this is inferred: `max_j compute_j − compute_i`,
     /// clamped to `[0, collective seconds]` (see [`SyncTime`](crate::sync::SyncTime)).
     pub wait_s: Vec<f64>,
     /// Per rank: the rest of the collective's seconds (transfer): `wait_s + comm_s` is the measured

@@ -13,6 +13,10 @@
 //! zeros to a slot's values, `x + 0 = x`, so the tail of the result is an exact all-gather. The
 //! stats are f64 (seconds, loss sums): each travels as its 64 bits split into three integers below
 //! 2²², which f32 holds exactly, so every rank decodes bit for bit the f64 the owner sent.
+//!
+//! The training loop uses the sum in its two halves ([`GradSync::reduce_scatter`], then
+//! [`GradSync::all_gather`] of the updated parameters): the stats are summed with the gradient's
+//! last block and travel back to every rank with the parameters' all-gather.
 
 use crate::comm::{my_block, Communicator};
 use std::ops::Range;
