@@ -36,6 +36,11 @@ pub trait Communicator {
     /// All-gather in place: every rank's block of `buf` (as in [`Communicator::reduce_scatter_sum`])
     /// is copied to all ranks.
     fn all_gather_blocks(&self, buf: &mut [f32], split: usize);
+    /// Whether [`Communicator::reduce_scatter_sum`] of a `len`-float buffer leaves only this rank's
+    /// block summed. When false it sums the whole buffer on every rank (one rank, or an
+    /// `MPI_Allreduce` below the ring's size), so every rank can update every parameter and no
+    /// all-gather is needed ([`GradSync`](crate::sync::GradSync) then skips it).
+    fn scatters(&self, len: usize) -> bool;
 }
 
 /// This rank's block of a `len`-float buffer cut at `split` (see [`ring::block`]).
@@ -70,15 +75,19 @@ impl Communicator for Solo {
     }
     fn reduce_scatter_sum(&self, _buf: &mut [f32], _split: usize) {}
     fn all_gather_blocks(&self, _buf: &mut [f32], _split: usize) {}
+    fn scatters(&self, _len: usize) -> bool {
+        false
+    }
 }
 
 /// How [`Mpi`] sums large f32 buffers (the gradient).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allreduce {
-    /// The [`ring`] on `MPI_Sendrecv` from [`ring::RING_MIN_FLOATS`] floats on, `MPI_Allreduce`
-    /// below (the default).
+    /// The [`ring`] on `MPI_Sendrecv` from [`ring::RING_MIN_FLOATS`] floats on (the default); below,
+    /// as with [`Allreduce::Mpi`].
     Ring,
-    /// Always `MPI_Allreduce`.
+    /// `MPI_Allreduce` for every sum; the training loop then updates every parameter on every rank
+    /// (no reduce-scatter / all-gather halves).
     Mpi,
 }
 
@@ -188,7 +197,7 @@ impl Communicator for Mpi {
         if self.uses_ring(buf.len()) {
             ring::reduce_scatter(rank, world, buf, split, &mut tmp, self.ring_sendrecv());
         } else if world > 1 {
-            // MPI_Allreduce of a copy: every block is summed, this rank's among them.
+            // MPI_Allreduce of a copy (`tmp` grows once): every block is summed (`scatters` is false).
             tmp.clear();
             tmp.extend_from_slice(buf);
             self.world.all_reduce_into(&tmp[..], buf, SystemOperation::sum());
@@ -199,6 +208,7 @@ impl Communicator for Mpi {
         if self.uses_ring(buf.len()) {
             ring::all_gather(rank, world, buf, split, self.ring_sendrecv());
         } else if world > 1 {
+            // Not on the training step's path (`scatters` is false here); a checkpoint's gather.
             let blocks: Vec<_> = (0..world).map(|c| ring::block(buf.len(), split, world, c)).collect();
             let counts: Vec<i32> = blocks.iter().map(|b| b.len() as i32).collect();
             let displs: Vec<i32> = blocks.iter().map(|b| b.start as i32).collect();
@@ -206,6 +216,9 @@ impl Communicator for Mpi {
             let mut parts = mpi::datatype::PartitionMut::new(buf, counts, displs);
             self.world.all_gather_varcount_into(&mine[..], &mut parts);
         }
+    }
+    fn scatters(&self, len: usize) -> bool {
+        self.uses_ring(len)
     }
 }
 
@@ -308,6 +321,9 @@ impl Communicator for Local {
                 }
             }
         });
+    }
+    fn scatters(&self, _len: usize) -> bool {
+        self.world_size() > 1
     }
 }
 

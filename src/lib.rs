@@ -31,7 +31,7 @@
 //! The CLI (`lbbsp train`) is one user of the library; yours can be another. The pieces are
 //! [`comm::Communicator`] (MPI via rsmpi, or [`comm::Local`] threads for tests),
 //! [`shard::EpochPlan`] and [`shard::slice_for`] (the sharder), [`profile::CpuSampler`] (the
-//! profiler), [`sync::GradSync`] (gradient and stats in one allreduce) and [`balance::Balancer`]
+//! profiler), [`sync::GradSync`] (the gradient's sum carrying every rank's stats) and [`balance::Balancer`]
 //! (the balancer); see `examples/custom_loop.rs` and the loop
 //! in [`train::train`].
 

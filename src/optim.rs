@@ -4,6 +4,7 @@
 //! everywhere without a second broadcast. The update rules are PyTorch's (`torch.optim.SGD`, `Adam`,
 //! `AdamW`, `torch.nn.utils.clip_grad_norm_`), so a recipe's hyperparameters mean what they mean there.
 
+pub use crate::clip::{clip_grad_norm, clip_grad_norm_blocks};
 use crate::error::{Error, Result};
 use crate::team;
 use serde::{Deserialize, Serialize};

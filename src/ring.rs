@@ -9,8 +9,9 @@
 //!
 //! Why not `MPI_Allreduce`: on one node Open MPI 4.1 moves a large message point to point with one
 //! kernel copy (CMA), but its allreduce pipelines the buffer through small shared-memory fragments.
-//! For W1's 2.1 MB gradient on two ranks the ring takes about a third of `MPI_Allreduce`'s time
-//! (`lbbsp comm-check` and `scripts/bench_sync.sh` measure both). Small buffers stay with
+//! For W1's 2.1 MB gradient on two ranks the ring takes 0.8–0.9× `MPI_Allreduce`'s time on a quiet
+//! machine and about a third when memory bandwidth is contended (`lbbsp bench allreduce` and
+//! `scripts/bench_sync.sh` measure both). Small buffers stay with
 //! `MPI_Allreduce`, whose latency-bound algorithms need fewer steps (on two ranks of this machine the
 //! ring still took half its time at 16 KB, so the cut is there: `lbbsp bench allreduce`).
 //!
@@ -151,7 +152,7 @@ fn disjoint(buf: &mut [f32], a: Range<usize>, b: Range<usize>) -> (&[f32], &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc::{channel, Receiver, Sender};
+    use std::sync::mpsc::channel;
 
     type SendRecv<'a> = dyn FnMut(&[f32], &mut [f32]) + 'a;
 
@@ -161,7 +162,7 @@ mod tests {
         inputs: Vec<Vec<f32>>,
         f: impl Fn(usize, Vec<f32>, &mut SendRecv) -> Vec<f32> + Send + Sync + Copy + 'static,
     ) -> Vec<Vec<f32>> {
-        let (txs, rxs): (Vec<Sender<Vec<f32>>>, Vec<Receiver<Vec<f32>>>) = (0..world).map(|_| channel()).unzip();
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..world).map(|_| channel::<Vec<f32>>()).unzip();
         let handles: Vec<_> = rxs
             .into_iter()
             .zip(inputs)

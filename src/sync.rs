@@ -16,7 +16,9 @@
 //!
 //! The training loop uses the sum in its two halves ([`GradSync::reduce_scatter`], then
 //! [`GradSync::all_gather`] of the updated parameters): the stats are summed with the gradient's
-//! last block and travel back to every rank with the parameters' all-gather.
+//! last block and travel back to every rank with the parameters' all-gather. That is two
+//! synchronisation points (three with gradient clipping, whose norm needs one more small
+//! allreduce), but it leaves each rank `1/world` of the optimizer's work.
 
 use crate::comm::{my_block, Communicator};
 use std::ops::Range;
@@ -97,13 +99,17 @@ pub struct SyncTime {
 /// ranks; a step allocates nothing.
 pub struct GradSync {
     params: usize,
-    /// `[Σ_ranks gradient | every rank's stats slot]` after [`GradSync::all_reduce`].
+    /// `[Σ_ranks gradient | every rank's stats slot]` after [`GradSync::all_reduce`]; the sharded
+    /// path uses only its stats tail (the gradient part stays untouched, unpaged memory).
     summed: Vec<f32>,
     /// Every rank's stats in rank order, after [`GradSync::all_reduce`] or
     /// [`GradSync::all_gather`].
     pub stats: Vec<RankStats>,
     /// Seconds of the last [`GradSync::reduce_scatter`].
     scatter_s: f64,
+    /// Whether the last [`GradSync::reduce_scatter`] left only this rank's block summed (else the
+    /// whole gradient and stats are summed everywhere and [`GradSync::all_gather`] moves nothing).
+    scattered: bool,
 }
 
 impl GradSync {
@@ -114,6 +120,7 @@ impl GradSync {
             summed: vec![0.0; params + world * STATS_SLOTS],
             stats: vec![RankStats::default(); world],
             scatter_s: 0.0,
+            scattered: false,
         }
     }
 
@@ -143,7 +150,9 @@ impl GradSync {
 
     /// The sharded distributed step, first half: a reduce-scatter of `[grads | stats slots]`, with
     /// `mine` in this rank's slot. Returns this rank's block of the gradient; `grads[block]` is then
-    /// `Σ_ranks grads` there (the rest of `grads` is spent). Update those parameters only
+    /// `Σ_ranks grads` there (the rest of `grads` is spent). When the communicator sums whole
+    /// buffers instead ([`Communicator::scatters`]: one rank, or small buffers on MPI), the block is
+    /// the whole gradient and the all-gather moves nothing. Update those parameters only
     /// ([`Optimizer::step_block`](crate::optim::Optimizer::step_block)), then call
     /// [`GradSync::all_gather`]. The bytes moved are an allreduce's, but each rank does `1/world`
     /// of the optimizer's work. Allocates only on the first call.
@@ -152,8 +161,9 @@ impl GradSync {
         let t = Instant::now();
         comm.reduce_scatter_sum(grads, self.params);
         self.scatter_s = t.elapsed().as_secs_f64();
-        // The summed stats are in the last rank's block; keep them for the gather.
-        let block = my_block(comm, grads.len(), self.params);
+        self.scattered = comm.scatters(grads.len());
+        // Sharded, the summed stats are in the last rank's block: keep them for the gather.
+        let block = if self.scattered { my_block(comm, grads.len(), self.params) } else { 0..grads.len() };
         let tail = block.start.max(self.params)..block.end.max(self.params);
         self.summed[tail.clone()].copy_from_slice(&grads[tail]);
         grads.truncate(self.params);
@@ -165,6 +175,11 @@ impl GradSync {
     /// Returns the wait/transfer split of both halves together.
     pub fn all_gather(&mut self, comm: &dyn Communicator, params: &mut Vec<f32>) -> SyncTime {
         assert_eq!(params.len(), self.params, "parameter length");
+        if !self.scattered {
+            // Every rank summed everything and updated every parameter.
+            Self::decode_stats(&mut self.stats, &self.summed[self.params..]);
+            return self.split_time(comm.rank(), self.scatter_s);
+        }
         let len = self.summed.len();
         params.reserve_exact(len - self.params);
         params.extend_from_slice(&self.summed[self.params..]);
@@ -298,6 +313,18 @@ mod tests {
             let want: Vec<f32> = (0..40).map(|i| 1.0 + 2.0 * 2.0 * (6 * i) as f32).collect();
             assert_eq!(params, want);
             assert_eq!(stats, (0..3).map(stats_of).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn one_rank_sharded_step_covers_the_whole_gradient_and_moves_nothing() {
+        let mut sync = GradSync::new(3, 1);
+        let (mut grads, mut params) = (vec![1.0f32, 2.0, 3.0], vec![0.5f32; 3]);
+        for _ in 0..2 {
+            let block = sync.reduce_scatter(&Solo, &mut grads, &stats_of(0));
+            assert_eq!((block, &grads[..]), (0..3, &[1.0f32, 2.0, 3.0][..]));
+            sync.all_gather(&Solo, &mut params);
+            assert_eq!((&params[..], &sync.stats[..]), (&[0.5f32; 3][..], &[stats_of(0)][..]));
         }
     }
 

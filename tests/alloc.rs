@@ -18,8 +18,9 @@
 mod common;
 
 use common::images;
-use lbbsp::comm::{Communicator, Solo};
+use lbbsp::comm::Solo;
 use lbbsp::layers::Mode;
+use lbbsp::sync::{GradSync, RankStats};
 use lbbsp::{Model, Optimizer};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -126,18 +127,21 @@ fn step_allocations(recipe: &str, caller: Caller, warmup: usize, steps: usize) -
     let data = images(4 * b);
     let mut model = Model::new(&recipe.model, &lbbsp::dataset::RANDOM_MNIST_SHAPE, 10, 1).unwrap();
     model.set_capacity(256);
-    let mut global = vec![0.0f32; model.params.len()];
     let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
     let order: Vec<usize> = (0..data.len()).rev().collect();
     let comm = Solo;
+    let mut sync = GradSync::new(model.params.len(), 1);
     let mut step = |i: usize| {
         let slice = &order[(i % 4) * b..(i % 4 + 1) * b];
         let (x, y, ids) = model.input_mut(b);
         data.gather_into(slice, x, y);
         ids.copy_from_slice(slice);
         let stats = model.forward_backward(b, 1.0 / b as f32, Mode { train: true, seed: 1, epoch: 0 });
-        comm.all_reduce_sum_into(&model.grads, &mut global);
-        opt.step(&mut model.params, &global, 0.05);
+        // The training loop's distributed step, as `train` runs it.
+        let mine = RankStats { batch: b, compute_s: 1e-3, loss_sum: stats.loss_sum, ..Default::default() };
+        let block = sync.reduce_scatter(&comm, &mut model.grads, &mine);
+        opt.step_block(&mut model.params, &model.grads, 0.05, block);
+        sync.all_gather(&comm, &mut model.params);
         stats.loss_sum
     };
     let mut run = || {

@@ -86,3 +86,24 @@ fn allreduce_and_its_halves_are_exact_on_2_and_3_ranks() {
         assert!(text.contains(&format!("ranks={ranks} floats=535818")), "{text}");
     }
 }
+
+/// The sharded step over the ring (default) and one MPI_Allreduce with a full update on every rank
+/// (`LBBSP_ALLREDUCE=mpi`) train identically: on two ranks each sum is `a + b` either way and the
+/// update is element-wise, so the loss trajectories agree bit for bit. A wrong setting is refused
+/// by name.
+#[test]
+fn ring_and_mpi_allreduce_train_identically_and_a_bad_setting_is_named() {
+    let dir = scratch("allreduce-setting");
+    let mut runs = Vec::new();
+    for algo in ["ring", "mpi"] {
+        let m = dir.join(format!("{algo}.jsonl"));
+        let args = ["train", "mnist-mlp", "-q", "--set", "train.max_iters=40", "--metrics", m.to_str().unwrap()];
+        lbbsp_env_ok(2, &[("LBBSP_ALLREDUCE", algo)], &args);
+        runs.push(losses(&m));
+    }
+    assert_eq!(runs[0].len(), 40);
+    assert_eq!(runs[0], runs[1], "ring and MPI_Allreduce trajectories differ");
+    let out = lbbsp_env(2, &[("LBBSP_ALLREDUCE", "tree")], &["train", "digits-mlp", "-q"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("LBBSP_ALLREDUCE") && err.contains("ring"), "{err}");
+}

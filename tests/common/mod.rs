@@ -31,16 +31,21 @@ static MPI_LOCK: Mutex<()> = Mutex::new(());
 /// `mpirun -n ranks lbbsp args...` (or the plain binary when `ranks == 0`), with the data folder set.
 /// Panics loudly when `mpirun` is missing: this tier must not silently pass.
 pub fn lbbsp(ranks: usize, args: &[&str]) -> Output {
-    launch(ranks, "none", args)
+    launch(ranks, "none", &[], args)
+}
+
+/// [`lbbsp`] with extra environment variables (passed to every rank).
+pub fn lbbsp_env(ranks: usize, env: &[(&str, &str)], args: &[&str]) -> Output {
+    launch(ranks, "none", env, args)
 }
 
 /// Like [`lbbsp`] with every rank pinned to a core, round robin (ranks share cores when there
 /// are more ranks than cores), so that which ranks contend is fixed for the whole run.
 pub fn lbbsp_pinned(ranks: usize, args: &[&str]) -> Output {
-    expect_success(launch(ranks, "core:overload-allowed", args), ranks, args)
+    expect_success(launch(ranks, "core:overload-allowed", &[], args), ranks, args)
 }
 
-fn launch(ranks: usize, bind: &str, args: &[&str]) -> Output {
+fn launch(ranks: usize, bind: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
     let _guard = MPI_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut cmd = if ranks == 0 {
         Command::new(bin())
@@ -55,7 +60,8 @@ fn launch(ranks: usize, bind: &str, args: &[&str]) -> Output {
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         // Ranks waiting in a collective yield their core (essential when ranks outnumber cores).
-        .env("OMPI_MCA_mpi_yield_when_idle", "1");
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .envs(env.iter().copied());
     let out =
         cmd.output().unwrap_or_else(|e| panic!("cannot start {:?} (is OpenMPI installed?): {e}", cmd.get_program()));
     out
@@ -64,6 +70,11 @@ fn launch(ranks: usize, bind: &str, args: &[&str]) -> Output {
 /// Runs and asserts success, printing both streams on failure.
 pub fn lbbsp_ok(ranks: usize, args: &[&str]) -> Output {
     expect_success(lbbsp(ranks, args), ranks, args)
+}
+
+/// [`lbbsp_env`], asserting success.
+pub fn lbbsp_env_ok(ranks: usize, env: &[(&str, &str)], args: &[&str]) -> Output {
+    expect_success(lbbsp_env(ranks, env, args), ranks, args)
 }
 
 fn expect_success(out: Output, ranks: usize, args: &[&str]) -> Output {
