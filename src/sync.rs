@@ -20,6 +20,7 @@
 //! synchronisation points (three with gradient clipping, whose norm needs one more small
 //! allreduce), but it leaves each rank `1/world` of the optimizer's work.
 
+use crate::clip::{clip_grad_norm, clip_grad_norm_blocks};
 use crate::comm::{my_block, Communicator};
 use std::ops::Range;
 use std::time::Instant;
@@ -168,6 +169,18 @@ impl GradSync {
         self.summed[tail.clone()].copy_from_slice(&grads[tail]);
         grads.truncate(self.params);
         block.start.min(self.params)..block.end.min(self.params)
+    }
+
+    /// Clips the gradient after [`GradSync::reduce_scatter`] to a global L2 norm of `max_norm`
+    /// (`block` is this rank's block of it, as returned): the norm is summed over the ranks' blocks
+    /// when the gradient is spread over them, and taken on the block alone when every rank holds all
+    /// of it. Returns the norm before clipping.
+    pub fn clip_grad_norm(&self, comm: &dyn Communicator, block: &mut [f32], max_norm: f32) -> f32 {
+        if self.scattered {
+            clip_grad_norm_blocks(block, max_norm, comm)
+        } else {
+            clip_grad_norm(block, max_norm)
+        }
     }
 
     /// The sharded distributed step, second half: every rank's block of `params` (just updated by

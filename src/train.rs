@@ -21,7 +21,6 @@
 
 use crate::balance::{Balancer, Observation};
 use crate::checkpoint::{self, Progress, Snapshot};
-use crate::clip::clip_grad_norm_blocks;
 use crate::comm::Communicator;
 use crate::dataset::{Dataset, Splits};
 use crate::error::Result;
@@ -181,7 +180,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             // slowest rank's compute) and transfer, see `SyncTime`. ----
             let block = sync.reduce_scatter(comm, &mut model.grads, &mine);
             if let Some(max_norm) = recipe.optimizer.clip_grad_norm {
-                clip_grad_norm_blocks(&mut model.grads[block.clone()], max_norm, comm);
+                sync.clip_grad_norm(comm, &mut model.grads[block.clone()], max_norm);
             }
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
             opt.step_block(&mut model.params, &model.grads, lr, block);

@@ -94,15 +94,24 @@ fn allreduce_and_its_halves_are_exact_on_2_and_3_ranks() {
 #[test]
 fn ring_and_mpi_allreduce_train_identically_and_a_bad_setting_is_named() {
     let dir = scratch("allreduce-setting");
-    let mut runs = Vec::new();
-    for algo in ["ring", "mpi"] {
-        let m = dir.join(format!("{algo}.jsonl"));
-        let args = ["train", "mnist-mlp", "-q", "--set", "train.max_iters=40", "--metrics", m.to_str().unwrap()];
-        lbbsp_env_ok(2, &[("LBBSP_ALLREDUCE", algo)], &args);
-        runs.push(losses(&m));
+    // Without and with gradient clipping (0.05 clips every step: its norm is summed over the ranks'
+    // blocks on the ring, over the whole gradient with MPI_Allreduce).
+    for clip in ["none", "0.05"] {
+        let mut runs = Vec::new();
+        for algo in ["ring", "mpi"] {
+            let m = dir.join(format!("{algo}-{clip}.jsonl"));
+            let mut args = vec!["train", "mnist-mlp", "-q", "--set", "train.max_iters=40"];
+            let clip_set = format!("optimizer.clip_grad_norm={clip}");
+            if clip != "none" {
+                args.extend(["--set", &clip_set]);
+            }
+            args.extend(["--metrics", m.to_str().unwrap()]);
+            lbbsp_env_ok(2, &[("LBBSP_ALLREDUCE", algo)], &args);
+            runs.push(losses(&m));
+        }
+        assert_eq!(runs[0].len(), 40);
+        assert_eq!(runs[0], runs[1], "ring and MPI_Allreduce trajectories differ (clip {clip})");
     }
-    assert_eq!(runs[0].len(), 40);
-    assert_eq!(runs[0], runs[1], "ring and MPI_Allreduce trajectories differ");
     let out = lbbsp_env(2, &[("LBBSP_ALLREDUCE", "tree")], &["train", "digits-mlp", "-q"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("LBBSP_ALLREDUCE") && err.contains("ring"), "{err}");
