@@ -17,6 +17,7 @@
 //! medians and 10th percentiles (the quiet-machine cost) and their ratios to `bare` (issue 5 asks
 //! `lbbsp / bare ≤ 1.1`). `REPS` sets the count.
 
+use lbbsp::bench::slowest_sorted;
 use lbbsp::comm::{Communicator, Mpi};
 use lbbsp::model::Model;
 use lbbsp::sync::{GradSync, RankStats};
@@ -42,20 +43,14 @@ fn main() -> anyhow::Result<()> {
         let recipe = lbbsp::recipe::resolve(name, &[])?;
         let n = Model::new(&recipe.model, &[1, 28, 28], 10, recipe.train.seed)?.params.len();
         let times = measure(&comm, n, reps);
-        // Every rank's times, then the slowest rank's per repetition.
-        let mut all = vec![0.0f64; times.len() * world];
-        comm.all_gather_into(&times, &mut all);
+        // Per method, the slowest rank's time of each repetition, sorted.
+        let sorted: Vec<Vec<f64>> = (0..METHODS.len())
+            .map(|m| {
+                let mine: Vec<f64> = (0..reps).map(|i| times[i * METHODS.len() + m]).collect();
+                slowest_sorted(&comm, &mine)
+            })
+            .collect();
         if rank == 0 {
-            // Per method, the slowest rank's time of each repetition, sorted.
-            let sorted: Vec<Vec<f64>> = (0..METHODS.len())
-                .map(|m| {
-                    let mut v: Vec<f64> = (0..reps)
-                        .map(|i| (0..world).map(|r| all[r * times.len() + i * METHODS.len() + m]).fold(0.0, f64::max))
-                        .collect();
-                    v.sort_by(f64::total_cmp);
-                    v
-                })
-                .collect();
             let med: Vec<f64> = sorted.iter().map(|v| v[v.len() / 2]).collect();
             // The 10th percentile: the cost on a quiet machine.
             let p10: Vec<f64> = sorted.iter().map(|v| v[v.len() / 10]).collect();

@@ -172,6 +172,18 @@ pub fn gemm_gflops(c: &GemmCase, reps: usize) -> (f64, f64) {
     (rates[rates.len() / 2], rates[rates.len() - 1])
 }
 
+/// The slowest rank's time of each of a series of collective calls, sorted ascending: every rank
+/// passes its own seconds of the same calls (a collective: all ranks call it) and gets the result.
+pub fn slowest_sorted(comm: &dyn Communicator, times: &[f64]) -> Vec<f64> {
+    let world = comm.world_size();
+    let mut all = vec![0.0f64; times.len() * world];
+    comm.all_gather_into(times, &mut all);
+    let mut slowest: Vec<f64> =
+        (0..times.len()).map(|i| (0..world).map(|r| all[r * times.len() + i]).fold(0.0, f64::max)).collect();
+    slowest.sort_by(f64::total_cmp);
+    slowest
+}
+
 /// One buffer size of [`allreduce`]: median seconds of each algorithm (the slowest rank's).
 #[derive(Debug, Clone, Copy)]
 pub struct AllreduceRow {
@@ -212,16 +224,10 @@ pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<Allredu
                 }
             }
         }
-        // The slowest rank's time of each call, then the median.
-        let mut med = [0.0f64; 2];
-        for (m, t) in med.iter_mut().zip(&times) {
-            let mut all = vec![0.0f64; t.len() * world];
-            comm.all_gather_into(t, &mut all);
-            let mut slowest: Vec<f64> =
-                (0..t.len()).map(|i| (0..world).map(|r| all[r * t.len() + i]).fold(0.0, f64::max)).collect();
-            slowest.sort_by(f64::total_cmp);
-            *m = slowest.get(slowest.len() / 2).copied().unwrap_or(f64::NAN);
-        }
+        let med = times.map(|t| {
+            let slowest = slowest_sorted(comm, &t);
+            slowest.get(slowest.len() / 2).copied().unwrap_or(f64::NAN)
+        });
         // The training loop's halves, in place, with a tail on the last block: the same sum.
         recv.copy_from_slice(&send);
         let split = n - n / 10;

@@ -139,15 +139,16 @@ impl Mpi {
     /// for buffers of at least [`ring::RING_MIN_FLOATS`] floats, `MPI_Allreduce` otherwise.
     pub fn all_reduce_sum_with(&self, a: Allreduce, send: &[f32], recv: &mut [f32]) {
         let (rank, world) = (self.rank(), self.world_size());
-        if a == Allreduce::Mpi || world == 1 || send.len() < ring::RING_MIN_FLOATS {
-            self.world.all_reduce_into(send, recv, SystemOperation::sum());
-        } else {
+        if self.uses_ring(a, send.len()) {
             ring::all_reduce_sum(rank, world, send, recv, &mut self.ring_tmp.borrow_mut(), self.ring_sendrecv());
+        } else {
+            self.world.all_reduce_into(send, recv, SystemOperation::sum());
         }
     }
 
-    fn uses_ring(&self, len: usize) -> bool {
-        self.allreduce == Allreduce::Ring && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
+    /// Whether algorithm `a` sums a `len`-float buffer on the ring.
+    fn uses_ring(&self, a: Allreduce, len: usize) -> bool {
+        a == Allreduce::Ring && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
     }
 
     /// The ring's step: send to the next rank, receive from the previous one (`MPI_Sendrecv`).
@@ -194,7 +195,7 @@ impl Communicator for Mpi {
     fn reduce_scatter_sum(&self, buf: &mut [f32], split: usize) {
         let (rank, world) = (self.rank(), self.world_size());
         let mut tmp = self.ring_tmp.borrow_mut();
-        if self.uses_ring(buf.len()) {
+        if self.uses_ring(self.allreduce, buf.len()) {
             ring::reduce_scatter(rank, world, buf, split, &mut tmp, self.ring_sendrecv());
         } else if world > 1 {
             // MPI_Allreduce of a copy (`tmp` grows once): every block is summed (`scatters` is false).
@@ -205,7 +206,7 @@ impl Communicator for Mpi {
     }
     fn all_gather_blocks(&self, buf: &mut [f32], split: usize) {
         let (rank, world) = (self.rank(), self.world_size());
-        if self.uses_ring(buf.len()) {
+        if self.uses_ring(self.allreduce, buf.len()) {
             ring::all_gather(rank, world, buf, split, self.ring_sendrecv());
         } else if world > 1 {
             // Not on the training step's path (`scatters` is false here); a checkpoint's gather.
@@ -218,7 +219,7 @@ impl Communicator for Mpi {
         }
     }
     fn scatters(&self, len: usize) -> bool {
-        self.uses_ring(len)
+        self.uses_ring(self.allreduce, len)
     }
 }
 
