@@ -15,7 +15,8 @@ use lbbsp::metrics::read_records;
 /// balancer can foresee, so each iteration's deviation is the median over the 7 around it.
 ///
 /// Such a jump can still outlast the window (about one run in four on this VM, with this session's
-/// binary and with the one before it alike), so a run whose sizes leave the band is repeated once:
+/// binary and with the one before it alike), or, just before iteration 30, delay the confirmation
+/// of the slowdown, so a run whose sizes move late or leave the band is repeated once:
 /// the claim is that the balancer holds the share, and a second independent run holding it shows
 /// that, while a balancer that does not hold it fails both.
 fn slowed_rank_reaches_its_share(ranks: usize) {
@@ -49,8 +50,11 @@ fn share_run(ranks: usize, attempt: &str) -> Result<(), String> {
     let out = lbbsp_pinned(ranks, &args);
     let records = read_records(&m).unwrap();
     let sizes: Vec<usize> = records.iter().map(|r| r.batch_sizes[1]).collect();
-    assert!(sizes[34] as f64 <= 0.7 * sizes[28] as f64, "sizes must move after the slowdown: {sizes:?}");
     assert!(records.iter().all(|r| r.batch_sizes.iter().sum::<usize>() == r.global_batch));
+    // A VM speed jump just before the slowdown can delay its confirmation too: same once-repeat.
+    if sizes[34] as f64 > 0.7 * sizes[28] as f64 {
+        return Err(format!("{ranks} ranks: sizes must move after the slowdown by iteration 34: {sizes:?}"));
+    }
     let deviation: Vec<f64> = records
         .iter()
         .map(|r| {
