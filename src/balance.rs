@@ -194,6 +194,10 @@ pub struct RankFit {
     slow: Sums,
     /// Suspected outliers `(b, t, t/predicted)` waiting for confirmation, oldest first.
     pending: Vec<(f64, f64, f64)>,
+    /// Whether one ordinary observation has already come between the pending ones (a second ends
+    /// the wait).
+    #[serde(default)]
+    interrupted: bool,
     /// Size of the previous observation.
     last_b: f64,
     /// Observations still to be learned quickly after a confirmed change of speed.
@@ -237,7 +241,9 @@ impl RankFit {
     /// `HUBER/|deviation|` (Huber), and beyond `cfg.outlier` it is held back. `confirm_iters` held-back
     /// observations in a row, in the same direction and of about the same size (within 25%), mean the
     /// rank's speed changed: every past time is rescaled by the observed ratio (which scales α and β alike,
-    /// the fit being linear in t) and both new points are added.
+    /// the fit being linear in t) and both new points are added. One ordinary observation among the
+    /// held-back ones (a momentary lull of the interfering job) does not restart the count: a change
+    /// is confirmed by `confirm_iters` agreeing outliers within `confirm_iters + 1` observations.
     pub fn observe(&mut self, b: usize, t: f64, cfg: &BalanceConfig) {
         const HUBER: f64 = 0.1;
         if b == 0 || !(t.is_finite() && t > 0.0) {
@@ -260,6 +266,7 @@ impl RankFit {
                 };
                 if !self.pending.iter().all(agrees) {
                     self.pending.clear();
+                    self.interrupted = false;
                 }
                 self.pending.push((b, t, ratio));
                 if self.pending.len() >= cfg.confirm_iters.max(1) {
@@ -272,6 +279,7 @@ impl RankFit {
                         self.add(cfg, pb, pt, 1.0);
                     }
                     self.fresh = 4;
+                    self.interrupted = false;
                 }
                 return;
             }
@@ -279,7 +287,12 @@ impl RankFit {
                 weight = HUBER / rel.abs();
             }
         }
-        self.pending.clear();
+        if self.pending.is_empty() || self.interrupted {
+            self.pending.clear();
+            self.interrupted = false;
+        } else {
+            self.interrupted = true;
+        }
         self.add(cfg, b, t, weight);
     }
 }
@@ -520,5 +533,27 @@ mod tests {
         assert!((f.line().unwrap().at(64) - 0.064).abs() < 1e-9, "two in a row are not yet a change");
         f.observe(64, 0.192, &cfg);
         assert!((f.line().unwrap().at(64) - 0.192).abs() < 1e-6);
+    }
+
+    #[test]
+    fn one_lull_does_not_restart_a_confirmation_but_two_do() {
+        let cfg = BalanceConfig::default();
+        let steady = |f: &mut RankFit| (0..8).for_each(|_| f.observe(64, 0.064, &cfg));
+        // slow, slow, one ordinary iteration, slow: confirmed at the third slow one.
+        let mut f = RankFit::default();
+        steady(&mut f);
+        for t in [0.192, 0.192, 0.064] {
+            f.observe(64, t, &cfg);
+        }
+        assert!(f.line().unwrap().at(64) < 0.07, "not yet: {:?}", f.line());
+        f.observe(64, 0.192, &cfg);
+        assert!(f.line().unwrap().at(64) > 0.15, "slow, slow, lull, slow is a change: {:?}", f.line());
+        // Alternating noise never confirms: the second lull ends the wait.
+        let mut f = RankFit::default();
+        steady(&mut f);
+        for t in [0.192, 0.064, 0.192, 0.064, 0.192, 0.064, 0.192] {
+            f.observe(64, t, &cfg);
+        }
+        assert!(f.line().unwrap().at(64) < 0.08, "alternating is noise: {:?}", f.line());
     }
 }
