@@ -8,7 +8,7 @@
 //! stay in L1 while all row blocks of `A` pass by), and reduces the lanes once at the end.
 //!
 //! Every element is computed the same way wherever it sits: 16 lane sums over the depth in order
-//! (the last step masked), then one fixed horizontal reduction. Tiles at the edges compute on
+//! (a last partial step masked), then one fixed horizontal reduction. Tiles at the edges compute on
 //! repeated rows and store only their real ones, so `C[i][j]` depends only on row `i` of `A` and
 //! row `j` of `B`: the same bits whatever the thread count, the batch split or the other rows.
 
@@ -68,25 +68,52 @@ pub(crate) unsafe fn nt(
 }
 
 /// The 4×5 dot products of rows `a[r]` and `b[q]` over `k` depths.
+///
+/// Written with plain loops over the fixed-size arrays and no closures: a closure (`array::from_fn`,
+/// `array::map`) is a separate function to LLVM, and whether it got inlined depended on unrelated code
+/// elsewhere in the crate; when it was not, the 20 accumulators spilled and the kernel ran at half speed.
+/// Full steps use plain loads: masked loads, even with all 16 lanes set, ran at half speed on some of
+/// the hosts this VM lands on (measured: W1's forward products 2× slower), so only the last partial
+/// step is masked.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile(k: usize, a: [*const f32; RM], b: [*const f32; RN]) -> [[f32; RN]; RM] {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); RN]; RM];
-    // One loop, the last step masked (zeros add nothing), keeps the accumulators in registers.
-    let steps = k.div_ceil(16);
-    let last = ((1u32 << (k - 16 * (steps - 1))) - 1) as __mmask16;
-    for s in 0..steps {
-        let mask = if s + 1 == steps { last } else { 0xffff };
-        let bv: [__m512; RN] = std::array::from_fn(|q| _mm512_maskz_loadu_ps(mask, b[q].add(16 * s)));
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let av = _mm512_maskz_loadu_ps(mask, a[r].add(16 * s));
-            for (acc_rq, bq) in acc_r.iter_mut().zip(&bv) {
-                *acc_rq = _mm512_fmadd_ps(av, *bq, *acc_rq);
+    let mut bv = [_mm512_setzero_ps(); RN];
+    // `step!(row => load)`: one depth step of 16, each row's vector loaded by `load`.
+    macro_rules! step {
+        ($row:ident => $load:expr) => {
+            for q in 0..RN {
+                let $row = b[q];
+                bv[q] = $load;
             }
+            for r in 0..RM {
+                let $row = a[r];
+                let av = $load;
+                for q in 0..RN {
+                    acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                }
+            }
+        };
+    }
+    let full = k / 16;
+    for s in 0..full {
+        step!(row => _mm512_loadu_ps(row.add(16 * s)));
+    }
+    let rest = k - 16 * full;
+    if rest > 0 {
+        let mask = ((1u32 << rest) - 1) as __mmask16;
+        step!(row => _mm512_maskz_loadu_ps(mask, row.add(16 * full)));
+    }
+    let mut sums = [[0.0; RN]; RM];
+    for r in 0..RM {
+        for q in 0..RN {
+            sums[r][q] = reduce(acc[r][q]);
         }
     }
-    acc.map(|acc_r| acc_r.map(|v| reduce(v)))
+    sums
 }
 
 /// The sum of the 16 lanes in a fixed order, with 512-bit operations only (a 256/128-bit reduction
