@@ -5,9 +5,13 @@
 //! concatenated in order, so nesting keeps the model's single flat buffer and its table the only
 //! source of truth: a nested tensor is just a sub-slice, named with dots (`body.0.weight`).
 
+use crate::fused::SgdStep;
 use crate::layers::{Io, Layer, Pass};
 use crate::rng::Rng;
 use std::ops::Range;
+
+/// What [`Chain::walk_back`] does at a layer: `(layer, its parameter range, io, dy, dx)`.
+type Back<'f> = dyn FnMut(&mut dyn Layer, Range<usize>, Io, &[f32], Option<&mut [f32]>) + 'f;
 
 pub struct Chain {
     layers: Vec<Box<dyn Layer>>,
@@ -123,9 +127,35 @@ impl Chain {
     /// Backward through all layers from `dy = ∂L/∂output`: writes the parameter gradients into `g`
     /// (the chain's gradient slice) and, when asked, `∂L/∂x` into `dx`. `x` is the input of the
     /// forward pass just run.
-    pub fn backward(&mut self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], mut dx: Option<&mut [f32]>, b: usize) {
+    pub fn backward(&mut self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], dx: Option<&mut [f32]>, b: usize) {
+        assert!(g.len() == self.n_params(), "chain: wrong gradient slice");
+        self.walk_back(x, dy, dx, b, &mut |layer, r, io, dy, dx| layer.backward(&p[r.clone()], &mut g[r], io, dy, dx));
+    }
+
+    /// [`Chain::backward`] with the momentum-SGD step of every layer's parameters taken as the pass
+    /// reaches it (see [`crate::fused`]): `p` and its velocity `v` come out updated, `g` is scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_step(
+        &mut self,
+        (p, v): (&mut [f32], &mut [f32]),
+        g: &mut [f32],
+        step: SgdStep,
+        x: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        b: usize,
+    ) {
+        let n = self.n_params();
+        assert!(g.len() == n && p.len() == n && v.len() == n, "chain: wrong parameter, velocity or gradient slice");
+        self.walk_back(x, dy, dx, b, &mut |layer, r, io, dy, dx| {
+            layer.backward_step((&mut p[r.clone()], &mut v[r.clone()]), &mut g[r], step, io, dy, dx)
+        });
+    }
+
+    /// Calls `back(layer, its parameter range, io, dy, dx)` for the layers from the top down.
+    fn walk_back(&mut self, x: &[f32], dy: &[f32], mut dx: Option<&mut [f32]>, b: usize, back: &mut Back) {
         let n = self.layers.len();
-        assert!(n > 0 && g.len() == self.n_params(), "chain: empty, or wrong gradient slice");
+        assert!(n > 0, "chain: empty");
         // Without a requested `dx`, nothing below the first layer with parameters needs a gradient:
         // that layer skips its input gradient (for W1 a third of the work) and those below are skipped.
         let lowest = if dx.is_some() { 0 } else { self.ranges.iter().position(|r| !r.is_empty()).unwrap_or(n) };
@@ -142,8 +172,7 @@ impl Chain {
                 None => dx.take(),
                 Some(j) => Some(&mut below[j][..]),
             };
-            let r = self.ranges[i].clone();
-            self.layers[i].backward(&p[r.clone()], &mut g[r], io, dy_i, dx_i);
+            back(self.layers[i].as_mut(), self.ranges[i].clone(), io, dy_i, dx_i);
         }
     }
 }

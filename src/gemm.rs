@@ -16,6 +16,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use crate::dot;
+use crate::fused::SgdStep;
 use crate::team;
 
 /// Whether an operand is used as stored or transposed.
@@ -49,6 +50,77 @@ pub fn gemm(
     beta: f32,
     c: &mut [f32],
 ) {
+    product(ta, tb, (m, n, k), alpha, a, b, beta, c, None);
+}
+
+/// `G = op(A)·op(B)` taken at once as the gradient of the parameters `p` (laid out like `G`, `m×n`
+/// row-major) by the momentum-SGD step `step` with velocity `v` (see [`crate::fused`]): the register
+/// tiles update `v` and `p` where they would have stored `G`. `g` is scratch (`m×n`; the depth
+/// blocks of a long `k` accumulate there): its contents afterwards are unspecified.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_sgd(
+    ta: Trans,
+    tb: Trans,
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    g: &mut [f32],
+    p: &mut [f32],
+    v: &mut [f32],
+    step: SgdStep,
+) {
+    assert!(p.len() == m * n && v.len() == m * n, "gemm_sgd: parameters and velocity must be {m}×{n}");
+    let upd = Update { p: p.as_mut_ptr(), v: v.as_mut_ptr(), step };
+    product(ta, tb, (m, n, k), 1.0, a, b, 0.0, g, Some(upd));
+}
+
+/// Where a finished tile of the product goes when it is a gradient (see [`gemm_sgd`]): pointers to
+/// the parameters and velocity at the block's first element, laid out like `C` (same row stride).
+#[derive(Clone, Copy)]
+pub(crate) struct Update {
+    p: *mut f32,
+    v: *mut f32,
+    step: SgdStep,
+}
+// SAFETY: like `SendPtr`, handed to team tasks that touch disjoint blocks only.
+unsafe impl Send for Update {}
+unsafe impl Sync for Update {}
+
+impl Update {
+    /// The same update `off` elements further on.
+    ///
+    /// # Safety
+    /// `off` must stay inside the parameter and velocity buffers.
+    unsafe fn at(self, off: usize) -> Update {
+        Update { p: self.p.add(off), v: self.v.add(off), ..self }
+    }
+}
+
+/// Applies `upd` to a block of `m` rows of `n` whose gradient is in `c` (row stride `ldc`).
+///
+/// # Safety
+/// The block must be inside `c` and inside the update's buffers, touched by no one else.
+unsafe fn apply_rows(upd: Option<Update>, c: *const f32, ldc: usize, m: usize, n: usize) {
+    let Some(u) = upd else { return };
+    for r in 0..m {
+        let u = u.at(r * ldc);
+        let g = std::slice::from_raw_parts(c.add(r * ldc), n);
+        u.step.apply(std::slice::from_raw_parts_mut(u.p, n), g, std::slice::from_raw_parts_mut(u.v, n));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product(
+    ta: Trans,
+    tb: Trans,
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    upd: Option<Update>,
+) {
     assert_eq!(a.len(), m * k, "gemm: A has {} elements, expected {m}×{k}", a.len());
     assert_eq!(b.len(), k * n, "gemm: B has {} elements, expected {k}×{n}", b.len());
     assert_eq!(c.len(), m * n, "gemm: C has {} elements, expected {m}×{n}", c.len());
@@ -68,9 +140,15 @@ pub fn gemm(
     let threads = if m * n * k < 1 << 17 { 1 } else { rayon::current_num_threads().min(team::size()) };
     let cptr = SendPtr(c.as_mut_ptr());
     // SAFETY (both closures): `split` hands out disjoint blocks of rows × columns of C, and each
-    // block's rows `i0..i0+rows` and columns `j0..j0+cols` lie inside `c` (length m·n, asserted).
+    // block's rows `i0..i0+rows` and columns `j0..j0+cols` lie inside `c` (length m·n, asserted), and
+    // inside the parameters and velocity of an update (same length, asserted by `gemm_sgd`).
     #[cfg(target_arch = "x86_64")]
-    if matches!(engine, Engine::Avx512) && ta == Trans::N && tb == Trans::T && (1..=dot::MAX_K).contains(&k) {
+    if matches!(engine, Engine::Avx512)
+        && upd.is_none()
+        && ta == Trans::N
+        && tb == Trans::T
+        && (1..=dot::MAX_K).contains(&k)
+    {
         // x·Wᵀ: dot products of contiguous rows, no packing (the choice depends on k only, so a row
         // of C is the same whatever m).
         return split(m, n, threads, (dot::RM, dot::RN), &|i0, rows, j0, cols| unsafe {
@@ -78,7 +156,8 @@ pub fn gemm(
         });
     }
     split(m, n, threads, (MR, NR), &|i0, rows, j0, cols| unsafe {
-        engine.run(rows, cols, k, alpha, av, bv, beta, cptr.get().add(i0 * n + j0), n, i0, j0)
+        let upd = upd.map(|u| u.at(i0 * n + j0));
+        engine.run(rows, cols, k, alpha, av, bv, beta, cptr.get().add(i0 * n + j0), n, i0, j0, upd)
     });
 }
 
@@ -151,11 +230,12 @@ impl Engine {
     }
 
     /// The block of C at rows `i0..i0+m`, columns `j0..j0+n` of the whole product; `c` points at
-    /// its first element and has row stride `ldc`.
+    /// its first element and has row stride `ldc`. With `upd`, the finished block is a gradient
+    /// applied to the parameters `upd` points at (same layout), and `c` holds unspecified values.
     ///
     /// # Safety
-    /// The block (`m` rows of `n` columns at stride `ldc` from `c`) must be valid for writes and
-    /// touched by no one else during the call. Only a raw pointer describes it: the blocks of the
+    /// The block (`m` rows of `n` columns at stride `ldc` from `c`, and from `upd`'s pointers) must
+    /// be valid for writes and touched by no one else during the call. Only a raw pointer describes it: the blocks of the
     /// column split interleave in memory, so a slice spanning one would overlap the others'.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run(
@@ -171,13 +251,13 @@ impl Engine {
         ldc: usize,
         i0: usize,
         j0: usize,
+        upd: Option<Update>,
     ) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-512F was detected at run time.
-            Engine::Avx512 => {
-                PACK.with_borrow_mut(|p| unsafe { avx512::run(p, m, n, k, alpha, a, b, beta, c, ldc, i0, j0) })
-            }
+            Engine::Avx512 => PACK
+                .with_borrow_mut(|p| unsafe { avx512::run(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0), upd) }),
             Engine::Portable => {
                 // SAFETY: the views describe op(A) rows i0.., op(B) columns j0.. inside their slices;
                 // the C block (m rows of n columns at stride ldc) lies inside `c`.
@@ -199,6 +279,8 @@ impl Engine {
                         1,
                     )
                 }
+                // SAFETY: as for the product, the caller's contract.
+                unsafe { apply_rows(upd, c, ldc, m, n) }
             }
         }
     }
@@ -270,7 +352,7 @@ fn aligned(v: &mut Vec<f32>, len: usize, cap: usize) -> &mut [f32] {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{aligned, Packed, View, KC, MC, MR, NC, NR};
+    use super::{aligned, Packed, Update, View, KC, MC, MR, NC, NR};
     use crate::pack::{pack_a_cols, pack_a_rows, pack_b_rows, pack_b_transposed};
     use std::arch::x86_64::*;
 
@@ -283,24 +365,21 @@ mod avx512 {
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn run(
         pack: &mut Packed,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         alpha: f32,
         a: View,
         b: View,
         beta: f32,
-        c: *mut f32,
-        ldc: usize,
-        i0: usize,
-        j0: usize,
+        (c, ldc): (*mut f32, usize),
+        (i0, j0): (usize, usize),
+        upd: Option<Update>,
     ) {
         if k == 0 {
             for r in 0..m {
                 let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
                 row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
             }
-            return;
+            return super::apply_rows(upd, c, ldc, m, n);
         }
         // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
         // block would pay a full C-tile update for little work.
@@ -316,8 +395,10 @@ mod avx512 {
                 } else {
                     pack_b_transposed(b, pc, kc, j0 + jc, nc, bp);
                 }
-                // The first depth block applies the caller's beta; later ones accumulate.
+                // The first depth block applies the caller's beta; later ones accumulate; the last
+                // one hands a gradient to the update.
                 let beta_blk = if pc == 0 { beta } else { 1.0 };
+                let upd_blk = upd.filter(|_| pc + kc == k);
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
                     if a.cs == 1 {
@@ -331,8 +412,9 @@ mod avx512 {
                         for ir in (0..mc).step_by(MR) {
                             let rows = MR.min(mc - ir);
                             let apan = ap.as_ptr().add(ir * kc);
-                            let cptr = c.add((ic + ir) * ldc + jc + jr);
-                            tile(kc, apan, bpan, cptr, ldc, rows, cols, alpha, beta_blk);
+                            let off = (ic + ir) * ldc + jc + jr;
+                            let upd = upd_blk.map(|u| u.at(off));
+                            tile(kc, apan, bpan, c.add(off), ldc, (rows, cols), alpha, beta_blk, upd);
                         }
                     }
                 }
@@ -340,7 +422,8 @@ mod avx512 {
         }
     }
 
-    /// One MR×NR tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C).
+    /// One MR×NR tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C), or with
+    /// `upd` that sum taken as the gradient of the tile's parameters (C is not written).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
@@ -349,14 +432,25 @@ mod avx512 {
         b: *const f32,
         c: *mut f32,
         ldc: usize,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         alpha: f32,
         beta: f32,
+        upd: Option<Update>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        // The parameters and velocity an update's epilogue reads are fetched while the tile computes,
+        // one 16-lane row half per depth step (the hardware prefetchers do not follow 12 rows at a
+        // stride, and fetching all 48 lines at once overflows the miss buffers).
         let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
+        for step in 0..kc {
+            if let Some(u) = upd.filter(|_| step < 4 * rows) {
+                // Row step / 4; its first or second half; parameters or velocity.
+                let (r, h, v) = (step / 4, (step / 2) % 2, step % 2 == 1);
+                if 16 * h < cols {
+                    let at = if v { u.v } else { u.p };
+                    _mm_prefetch::<_MM_HINT_T0>(at.add(r * ldc + 16 * h) as *const i8);
+                }
+            }
             let b0 = _mm512_loadu_ps(b);
             let b1 = _mm512_loadu_ps(b.add(16));
             for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -388,7 +482,13 @@ mod avx512 {
                 if beta != 0.0 {
                     v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, p), v);
                 }
-                _mm512_mask_storeu_ps(p, mask, v);
+                match upd {
+                    None => _mm512_mask_storeu_ps(p, mask, v),
+                    Some(u) => {
+                        let u = u.at(r * ldc + 16 * h);
+                        u.step.apply16(u.p, u.v, mask, v)
+                    }
+                }
             }
         }
     }
@@ -463,7 +563,7 @@ mod tests {
         let mut c = vec![f32::NAN; m * n];
         let (av, bv) = (View { data: &a, rs: 1, cs: m }, View { data: &b, rs: n, cs: 1 });
         // SAFETY: `c` holds the whole m×n product.
-        unsafe { Engine::Portable.run(m, n, k, 1.0, av, bv, 0.0, c.as_mut_ptr(), n, 0, 0) };
+        unsafe { Engine::Portable.run(m, n, k, 1.0, av, bv, 0.0, c.as_mut_ptr(), n, 0, 0, None) };
         for (x, y) in c.iter().zip(&want) {
             assert!((x - y).abs() < 1e-4 * k as f32, "{x} vs {y}");
         }

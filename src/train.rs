@@ -24,6 +24,7 @@ use crate::checkpoint::{self, Progress, Snapshot};
 use crate::comm::Communicator;
 use crate::dataset::{Dataset, Splits};
 use crate::error::Result;
+use crate::fused::SgdStep;
 use crate::layers::Mode;
 use crate::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
 use crate::model::Model;
@@ -153,12 +154,21 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             let slice = &batch[slice_for(&sizes, rank)];
             let mode = Mode { train: true, seed: cfg.seed, epoch: epoch as u64 };
 
+            let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
+            let clip = recipe.optimizer.clip_grad_norm;
+            // One process with momentum SGD takes the step inside backward (`fused`): nothing to sum.
+            let mut fused = SgdStep::for_run(&mut opt, world, clip, lr);
+
             // Compute: this rank's share of Σ_j ∇ℓ_j / B.
             let t0 = Instant::now();
             let (x, y, ids) = model.input_mut(slice.len());
             data.train.gather_into(slice, x, y);
             ids.copy_from_slice(slice);
-            let local = model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
+            let scale = 1.0 / batch.len() as f32;
+            let local = match fused.as_mut() {
+                Some((step, velocity)) => model.forward_backward_step(slice.len(), scale, mode, velocity, *step),
+                None => model.forward_backward(slice.len(), scale, mode),
+            };
             stretch(&opts.slowdowns, rank, iter, t0.elapsed());
             let compute_s = t0.elapsed().as_secs_f64();
             let cpu = sampler.sample();
@@ -179,11 +189,12 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             // Fast ranks block until the slowest arrives: the time is split into wait (for the
             // slowest rank's compute) and transfer, see `SyncTime`. ----
             let block = sync.reduce_scatter(comm, &mut model.grads, &mine);
-            if let Some(max_norm) = recipe.optimizer.clip_grad_norm {
+            if let Some(max_norm) = clip {
                 sync.clip_grad_norm(comm, &mut model.grads[block.clone()], max_norm);
             }
-            let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
-            opt.step_block(&mut model.params, &model.grads, lr, block);
+            if fused.is_none() {
+                opt.step_block(&mut model.params, &model.grads, lr, block);
+            }
             let took = sync.all_gather(comm, &mut model.params);
             obs.clear();
             obs.extend(sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
