@@ -438,18 +438,25 @@ mod avx512 {
         upd: Option<Update>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-        // The parameters and velocity an update's epilogue reads are fetched while the tile computes,
-        // one 16-lane row half per depth step (the hardware prefetchers do not follow 12 rows at a
-        // stride, and fetching all 48 lines at once overflows the miss buffers).
+        // The lines the epilogue touches (C's, or with an update the parameters' and velocity's) are
+        // fetched while the tile computes, one 16-lane row half per depth step: the hardware
+        // prefetchers do not follow 12 rows at a stride, fetching them all at once overflows the miss
+        // buffers, and C's lines come in owned (a store to a line not in cache waits for it).
         let (mut a, mut b) = (a, b);
         for step in 0..kc {
-            if let Some(u) = upd.filter(|_| step < 4 * rows) {
-                // Row step / 4; its first or second half; parameters or velocity.
-                let (r, h, v) = (step / 4, (step / 2) % 2, step % 2 == 1);
-                if 16 * h < cols {
-                    let at = if v { u.v } else { u.p };
-                    _mm_prefetch::<_MM_HINT_T0>(at.add(r * ldc + 16 * h) as *const i8);
+            match upd {
+                Some(u) if step < 4 * rows => {
+                    // Row step / 4; its first or second half; parameters or velocity.
+                    let (r, h, v) = (step / 4, (step / 2) % 2, step % 2 == 1);
+                    if 16 * h < cols {
+                        let at = if v { u.v } else { u.p };
+                        _mm_prefetch::<_MM_HINT_T0>(at.add(r * ldc + 16 * h) as *const i8);
+                    }
                 }
+                None if step < 2 * rows && 16 * (step % 2) < cols => {
+                    _mm_prefetch::<_MM_HINT_ET0>(c.add(step / 2 * ldc + 16 * (step % 2)) as *const i8);
+                }
+                _ => {}
             }
             let b0 = _mm512_loadu_ps(b);
             let b1 = _mm512_loadu_ps(b.add(16));
