@@ -1,8 +1,10 @@
-//! One training step (forward + backward + SGD) of the two peer workloads, in samples/s:
+//! One training step (forward + backward + SGD, and the same with the SGD step inside backward as
+//! one process runs it) of the two peer workloads, in samples/s:
 //! W1 is the `mnist-mlp` recipe at batch 128; W2 is the peers' LeNet-5 (no padding, plain SGD with
 //! momentum, see `/work/shared/peers/README.md`) at batch 64.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use lbbsp::fused::SgdStep;
 use lbbsp::layers::Mode;
 use lbbsp::model::{Model, ModelSpec};
 use lbbsp::optim::{Optimizer, OptimizerConfig};
@@ -62,6 +64,13 @@ fn train_step(c: &mut Criterion) {
                 grads.copy_from_slice(&m.grads);
                 opt.step(&mut m.params, &grads, lr);
                 black_box(st.loss_sum)
+            })
+        });
+        // As one process trains: the SGD step taken inside backward (`lbbsp::fused`).
+        g.bench_with_input(BenchmarkId::new(format!("{name}-step-in-backward"), b), &b, |bench, &b| {
+            bench.iter(|| {
+                let (step, velocity) = SgdStep::for_run(&mut opt, 1, None, lr).expect("momentum SGD");
+                black_box(m.forward_backward_step(b, 1.0 / b as f32, mode, velocity, step).loss_sum)
             })
         });
     }

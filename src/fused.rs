@@ -8,11 +8,12 @@
 //! that removes the gradient's write and read and the separate pass's traffic over the weights and
 //! momentum (W1: 2.1 MB of parameters, the update reads and writes them once instead of twice).
 //!
-//! The arithmetic is [`crate::optim::Sgd`]'s, operation for operation (`v ← μ·v + (g + wd·θ)`,
-//! `θ ← θ − lr·v`, no fused multiply-adds), so the parameters come out bit-identical to a backward
-//! pass followed by [`crate::optim::Optimizer::step`]. Nesterov momentum needs the gradient itself
-//! after the velocity update, clipping needs the whole gradient's norm and several ranks need the
-//! summed gradient, so those keep the separate step ([`SgdStep::for_run`] decides).
+//! The arithmetic is [`crate::optim::Sgd`]'s, operation for operation (`g ← g + wd·θ`,
+//! `v ← μ·v + g`, `θ ← θ − lr·v`, or `θ ← θ − lr·(g + μ·v)` with Nesterov; no fused
+//! multiply-adds), so the parameters come out bit-identical to a backward pass followed by
+//! [`crate::optim::Optimizer::step`]. Clipping needs the whole gradient's norm and several ranks need
+//! the summed gradient, so those keep the separate step, as do plain SGD and Adam
+//! ([`SgdStep::for_run`] decides).
 
 use crate::optim::Optimizer;
 use crate::team;
@@ -25,23 +26,25 @@ use std::arch::x86_64::{
 /// Parameters per team task of [`SgdStep::apply`].
 const CHUNK: usize = 1 << 14;
 
-/// One momentum-SGD step's constants: `v ← μ·v + (g + wd·θ); θ ← θ − lr·v`.
+/// One momentum-SGD step's constants: `g ← g + wd·θ; v ← μ·v + g; θ ← θ − lr·(nesterov ? g + μ·v : v)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdStep {
     pub lr: f32,
     pub momentum: f32,
     pub weight_decay: f32,
+    pub nesterov: bool,
 }
 
 impl SgdStep {
     /// The step to take in backward for `opt` at learning rate `lr` and `opt`'s velocity buffer, when
-    /// it can be: one rank, SGD with momentum and without Nesterov, no gradient clipping. The step is
+    /// it can be: one rank, SGD with momentum, no gradient clipping. The step is
     /// counted on `opt` here. `None`: the caller runs the separate step.
     pub fn for_run(opt: &mut Optimizer, world: usize, clip: Option<f32>, lr: f32) -> Option<(SgdStep, &mut [f32])> {
         match opt {
-            Optimizer::Sgd(s) if world == 1 && clip.is_none() && s.momentum > 0.0 && !s.nesterov => {
+            Optimizer::Sgd(s) if world == 1 && clip.is_none() && s.momentum > 0.0 => {
                 s.step += 1;
-                Some((SgdStep { lr, momentum: s.momentum, weight_decay: s.weight_decay }, &mut s.velocity))
+                let step = SgdStep { lr, momentum: s.momentum, weight_decay: s.weight_decay, nesterov: s.nesterov };
+                Some((step, &mut s.velocity))
             }
             _ => None,
         }
@@ -51,11 +54,21 @@ impl SgdStep {
     /// chunks over the [`team`] (element-wise: the same bits as one loop).
     pub fn apply(&self, p: &mut [f32], g: &[f32], v: &mut [f32]) {
         assert!(p.len() == g.len() && p.len() == v.len(), "sgd step: parameter, gradient and velocity lengths");
-        let SgdStep { lr, momentum: mu, weight_decay: wd } = *self;
+        let SgdStep { lr, momentum: mu, weight_decay: wd, nesterov } = *self;
         team::zip_chunks_mut([p, v], CHUNK, &|i, [ps, vs]| {
-            for ((p, &g), v) in ps.iter_mut().zip(&g[i * CHUNK..]).zip(vs.iter_mut()) {
-                *v = mu * *v + (g + wd * *p);
-                *p -= lr * *v;
+            let it = ps.iter_mut().zip(&g[i * CHUNK..]).zip(vs.iter_mut());
+            if nesterov {
+                for ((p, &g), v) in it {
+                    let g = g + wd * *p;
+                    *v = mu * *v + g;
+                    *p -= lr * (g + mu * *v);
+                }
+            } else {
+                for ((p, &g), v) in it {
+                    let g = g + wd * *p;
+                    *v = mu * *v + g;
+                    *p -= lr * *v;
+                }
             }
         });
     }
@@ -73,8 +86,10 @@ impl SgdStep {
         let (lr, mu, wd) = (_mm512_set1_ps(self.lr), _mm512_set1_ps(self.momentum), _mm512_set1_ps(self.weight_decay));
         let theta = _mm512_maskz_loadu_ps(mask, p);
         let vel = _mm512_maskz_loadu_ps(mask, v);
-        let vel = _mm512_add_ps(_mm512_mul_ps(mu, vel), _mm512_add_ps(g, _mm512_mul_ps(wd, theta)));
-        let theta = _mm512_sub_ps(theta, _mm512_mul_ps(lr, vel));
+        let g = _mm512_add_ps(g, _mm512_mul_ps(wd, theta));
+        let vel = _mm512_add_ps(_mm512_mul_ps(mu, vel), g);
+        let dir = if self.nesterov { _mm512_add_ps(g, _mm512_mul_ps(mu, vel)) } else { vel };
+        let theta = _mm512_sub_ps(theta, _mm512_mul_ps(lr, dir));
         _mm512_mask_storeu_ps(v, mask, vel);
         _mm512_mask_storeu_ps(p, mask, theta);
     }
@@ -95,19 +110,19 @@ mod tests {
     #[test]
     fn gemm_sgd_matches_gemm_then_step() {
         let mut rng = Rng::from_keys(&[11]);
-        for &(m, n, k, wd) in
-            &[(1, 1, 1, 0.0), (13, 45, 7, 0.0), (40, 70, 128, 1e-3), (30, 50, 600, 0.0), (512, 784, 128, 0.0)]
-        {
+        let shapes = [(1, 1, 1, 0.0), (13, 45, 7, 0.0), (40, 70, 128, 1e-3), (30, 50, 600, 0.0), (512, 784, 128, 0.0)];
+        for (i, &(m, n, k, wd)) in shapes.iter().enumerate() {
+            let nesterov = i % 2 == 1;
             let (a, b) = (random(&mut rng, k * m), random(&mut rng, k * n));
             let (p0, v0) = (random(&mut rng, m * n), random(&mut rng, m * n));
-            let step = SgdStep { lr: 0.05, momentum: 0.9, weight_decay: wd };
+            let step = SgdStep { lr: 0.05, momentum: 0.9, weight_decay: wd, nesterov };
             let mut g = vec![0.0; m * n];
             gemm(Trans::T, Trans::N, m, n, k, 1.0, &a, &b, 0.0, &mut g);
             let (mut p1, mut v1) = (p0.clone(), v0.clone());
             step.apply(&mut p1, &g, &mut v1);
             let (mut p2, mut v2, mut scratch) = (p0.clone(), v0.clone(), vec![f32::NAN; m * n]);
             gemm_sgd(Trans::T, Trans::N, (m, n, k), &a, &b, &mut scratch, &mut p2, &mut v2, step);
-            assert!(p1 == p2 && v1 == v2, "{m}×{n}×{k}: parameters or velocity differ");
+            assert!(p1 == p2 && v1 == v2, "{m}×{n}×{k} (Nesterov {nesterov}): parameters or velocity differ");
         }
     }
 }
