@@ -19,13 +19,14 @@ fn bytes(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Runs `args` three ways on 2 ranks — straight through to `iters`; stopped at `stop`; resumed to
-/// `iters` — and asserts that both end with byte-identical weights and optimizer buffers.
-fn resume_is_bitwise(name: &str, args: &[&str], stop: usize, iters: usize) {
+/// Runs `args` three ways on `ranks` ranks (0: one plain process) — straight through to `iters`;
+/// stopped at `stop`; resumed to `iters` — and asserts that both end with byte-identical weights and
+/// optimizer buffers.
+fn resume_is_bitwise(name: &str, ranks: usize, args: &[&str], stop: usize, iters: usize) {
     let dir = scratch(name);
     let (a, b) = (dir.join("a"), dir.join("b"));
     let with = |extra: &[&str]| -> Vec<String> { args.iter().chain(extra).map(|x| x.to_string()).collect() };
-    let run = |v: Vec<String>| lbbsp_ok(2, &v.iter().map(String::as_str).collect::<Vec<_>>());
+    let run = |v: Vec<String>| lbbsp_ok(ranks, &v.iter().map(String::as_str).collect::<Vec<_>>());
     let full = format!("train.max_iters={iters}");
     run(with(&["-q", "--set", &full, "--checkpoint-dir", s(&a)]));
     run(with(&[
@@ -60,7 +61,14 @@ fn resume_is_bitwise(name: &str, args: &[&str], stop: usize, iters: usize) {
 /// across the epoch boundary (469 iterations per epoch).
 #[test]
 fn resume_is_bitwise_identical_sgd_mnist_2_ranks() {
-    resume_is_bitwise("bitwise-sgd", &["train", "mnist-mlp", "--set", "train.epochs=2"], 250, 600);
+    resume_is_bitwise("bitwise-sgd", 2, &["train", "mnist-mlp", "--set", "train.epochs=2"], 250, 600);
+}
+
+/// One process with momentum SGD takes the step inside backward (`lbbsp::fused`): the momentum
+/// buffer and step count it keeps there are what the checkpoint saves and restores.
+#[test]
+fn resume_is_bitwise_identical_sgd_in_backward_digits_1_process() {
+    resume_is_bitwise("bitwise-sgd-fused", 0, &["train", "digits-mlp"], 130, 400);
 }
 
 /// digits-mlp under AdamW with gradient clipping (moment buffers and the step count restored).
@@ -80,7 +88,7 @@ fn resume_is_bitwise_identical_adamw_clipped_digits_2_ranks() {
         "--set",
         "optimizer.clip_grad_norm=0.5",
     ];
-    resume_is_bitwise("bitwise-adamw", &args, 130, 400);
+    resume_is_bitwise("bitwise-adamw", 2, &args, 130, 400);
 }
 
 /// Two checkpoints of a short digits-mlp run on 2 ranks, in `dir/ck`.
