@@ -95,6 +95,41 @@ impl SgdStep {
     }
 }
 
+/// Where a finished tile of the product goes when it is a gradient (see [`crate::gemm::gemm_sgd`]): pointers to
+/// the parameters and velocity at the block's first element, laid out like `C` (same row stride).
+#[derive(Clone, Copy)]
+pub(crate) struct Update {
+    pub(crate) p: *mut f32,
+    pub(crate) v: *mut f32,
+    pub(crate) step: SgdStep,
+}
+// SAFETY: like the GEMM's pointer to C, handed to team tasks that touch disjoint blocks only.
+unsafe impl Send for Update {}
+unsafe impl Sync for Update {}
+
+impl Update {
+    /// The same update `off` elements further on.
+    ///
+    /// # Safety
+    /// `off` must stay inside the parameter and velocity buffers.
+    pub(crate) unsafe fn at(self, off: usize) -> Update {
+        Update { p: self.p.add(off), v: self.v.add(off), ..self }
+    }
+}
+
+/// Applies `upd` to a block of `m` rows of `n` whose gradient is in `c` (row stride `ldc`).
+///
+/// # Safety
+/// The block must be inside `c` and inside the update's buffers, touched by no one else.
+pub(crate) unsafe fn apply_rows(upd: Option<Update>, c: *const f32, ldc: usize, m: usize, n: usize) {
+    let Some(u) = upd else { return };
+    for r in 0..m {
+        let u = u.at(r * ldc);
+        let g = std::slice::from_raw_parts(c.add(r * ldc), n);
+        u.step.apply(std::slice::from_raw_parts_mut(u.p, n), g, std::slice::from_raw_parts_mut(u.v, n));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
