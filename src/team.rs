@@ -83,7 +83,8 @@ pub fn size() -> usize {
 }
 
 /// Runs `f(0..tasks)` on the caller and the team's helpers; returns when all tasks are done.
-/// Tasks are taken in order by whichever thread is free. With the team busy, the caller runs them.
+/// The caller runs task 0; the others are taken in order by whichever thread is free. With the team
+/// busy, the caller runs them all.
 pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let t = team();
     // A task that panicked on the caller left the lock poisoned but the team consistent (the
@@ -110,7 +111,9 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         *s.job.get() = job;
         *s.tasks.get() = tasks;
     }
-    s.next.store(0, Ordering::Relaxed);
+    // Task 0 is the caller's: a GEMM split into one block per thread then gives the caller the same
+    // block in every pass (see `gemm::Prefer`); helpers start at task 1 and anyone takes what is left.
+    s.next.store(1, Ordering::Relaxed);
     *generation += 1;
     let g = *generation;
     for (i, h) in t.helpers.iter().enumerate() {
@@ -122,6 +125,7 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     // Waits for every helper's ack when dropped: also if a task panics on this thread, so `f` is not
     // freed under a helper still running it.
     let _acks = Acks { s, g };
+    job(0);
     work(s, job, tasks);
     drop(_acks);
     if s.panicked.swap(false, Ordering::AcqRel) {
