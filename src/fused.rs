@@ -51,7 +51,8 @@ impl SgdStep {
     }
 
     /// Applies the step to parameters `p` with gradient `g` and velocity `v` (same lengths), in
-    /// chunks over the [`team`] (element-wise: the same bits as one loop).
+    /// chunks over the [`team`] (element-wise: the same bits as one loop; the Nesterov choice is
+    /// hoisted out of the loop so each one vectorises). [`crate::optim::Sgd`]'s step is this.
     pub fn apply(&self, p: &mut [f32], g: &[f32], v: &mut [f32]) {
         assert!(p.len() == g.len() && p.len() == v.len(), "sgd step: parameter, gradient and velocity lengths");
         let SgdStep { lr, momentum: mu, weight_decay: wd, nesterov } = *self;
