@@ -124,11 +124,7 @@ impl Layer for Linear {
         let (gw, gb) = g.split_at_mut(self.out * self.inp);
         // dW (out×in) = dyᵀ (out×b) · x (b×in)
         gemm(Trans::T, Trans::N, self.out, self.inp, b, 1.0, dy, &io.x[..b * self.inp], 0.0, gw);
-        // dbias = column sums of dy
-        gb.fill(0.0);
-        for row in dy.chunks_exact(self.out) {
-            gb.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-        }
+        column_sums(dy, gb);
         if let Some(dx) = dx {
             // dx (b×in) = dy (b×out) · W (out×in)
             let w = &p[..self.out * self.inp];
@@ -153,11 +149,16 @@ impl Layer for Linear {
         }
         let ((w, bias), (vw, vb), (gw, gb)) = (p.split_at_mut(nw), v.split_at_mut(nw), g.split_at_mut(nw));
         gemm_sgd(Trans::T, Trans::N, (self.out, self.inp, b), dy, &io.x[..b * self.inp], gw, w, vw, step);
-        gb.fill(0.0);
-        for row in dy.chunks_exact(self.out) {
-            gb.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-        }
+        column_sums(dy, gb);
         step.apply(bias, gb, vb);
+    }
+}
+
+/// A bias gradient: `out[j] = Σ_rows dy[row][j]`, rows of `out.len()`.
+fn column_sums(dy: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    for row in dy.chunks_exact(out.len()) {
+        out.iter_mut().zip(row).for_each(|(s, v)| *s += v);
     }
 }
 
