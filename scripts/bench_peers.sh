@@ -8,7 +8,8 @@
 #     TensorFlow; each makes its own venv under $PEER_VENVS, default /tmp, the first time);
 #   - GEMM GFLOP/s of lbbsp (`lbbsp bench gemm`) against numpy's OpenBLAS on 2048^3 and on W1's
 #     layer shapes; peak memory of the lbbsp runs against what they must hold.
-# Prints a markdown table of medians over ROUNDS rounds (each round runs everything once, in turn).
+# Prints a markdown table of medians over ROUNDS rounds (each round runs everything once, in turn),
+# then every round's own ratios with their median.
 #   scripts/bench_peers.sh                          # everything, 1 round
 #   ROUNDS=5 PEERS="numpy torch" scripts/bench_peers.sh
 # PEERS is a subset of "numpy torch torch-ddp jax tf" (numpy includes the GEMM reference).
@@ -24,14 +25,20 @@ has() { [[ " $peers " == *" $1 "* ]]; }
 # The OpenBLAS of numpy must see the real core type (this machine sets Haswell, which halves it).
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 
-# record KEY < OUTPUT: appends the samples_per_s / gflops_median of each RESULT line to $out/KEY.
+# record KEY < OUTPUT: appends the samples_per_s / gflops_median of each RESULT line to $out/KEY,
+# and `ROUND VALUE` to $out/KEY.rounds (for the per-round ratios).
 record() {
   local key=$1 text
   text=$(cat)
   echo "$text" >>"$out/log"
   local v
   v=$(echo "$text" | grep '^RESULT' | grep -o -E '(samples_per_s|gflops_median)=[0-9.]+' | head -1 | cut -d= -f2 || true)
-  if [ -n "$v" ]; then echo "$v" >>"$out/$key"; else echo "bench_peers: $key gave no RESULT (see $out/log)" >&2; fi
+  if [ -n "$v" ]; then
+    echo "$v" >>"$out/$key"
+    echo "${round:-1} $v" >>"$out/$key.rounds"
+  else
+    echo "bench_peers: $key gave no RESULT (see $out/log)" >&2
+  fi
 }
 # One RESULT line per GEMM shape: $out/gemm-WHO-SHAPE.
 record_gemm() {
@@ -91,6 +98,27 @@ for w in w1 w2; do
   done
   name=$([ $w = w1 ] && echo "W1 MLP, B=128" || echo "W2 LeNet-5, B=64")
   echo "| $name | $(num "$l") | $(num "$l2") |$row $(ratio "$l" "$best") | $(ratio "$l2" "$(median torch-ddp-$w)") | $(ratio "$l2" "$l") |"
+done
+# Per round: each round's runs are minutes apart at most, so their ratios suffer least from the
+# machine's drift. at KEY ROUND: that round's value, or empty.
+at() { [ -s "$out/$1.rounds" ] && awk -v r="$2" '$1 == r { print $2 }' "$out/$1.rounds" | head -1 || true; }
+echo
+echo "| per round | lbbsp / best peer | 2-rank lbbsp / torch-ddp | 2-rank / 1-process |"
+echo "|---|---|---|---|"
+for w in w1 w2; do
+  cols=("" "" "")
+  for r in $(seq "$rounds"); do
+    l=$(at lbbsp-$w "$r"); l2=$(at lbbsp2-$w "$r"); best=""
+    for p in numpy torch jax tf; do
+      v=$(at $p-$w "$r")
+      [ -n "$v" ] && best=$(awk -v a="$v" -v b="${best:-0}" 'BEGIN { print (a > b) ? a : b }')
+    done
+    cols[0]+="$(ratio "$l" "$best") "; cols[1]+="$(ratio "$l2" "$(at torch-ddp-$w "$r")") "; cols[2]+="$(ratio "$l2" "$l") "
+  done
+  med() { tr ' ' '\n' | tr -d '×' | { grep -v -e '^$' -e '–' || true; } | sort -g | awk '{ v[NR] = $1 } END { if (NR) printf " (median %.2f×)", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  row=""
+  for c in 0 1 2; do row+=" ${cols[$c]% }$(echo "${cols[$c]}" | med) |"; done
+  echo "| $([ $w = w1 ] && echo W1 || echo W2) |$row"
 done
 echo
 echo "| GEMM (GFLOP/s) | lbbsp | OpenBLAS (numpy) | lbbsp % of OpenBLAS |"
