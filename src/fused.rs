@@ -2,7 +2,7 @@
 //!
 //! With one rank there is nothing to sum, so each layer's parameters can take their SGD step as soon
 //! as their gradient is formed, instead of a separate pass over the flat buffers after the backward
-//! pass (what PyTorch calls running the optimizer in backward, and what XLA does by fusion). A fully
+//! pass (what PyTorch calls running the optimizer in backward). A fully
 //! connected layer goes further: its weight gradient `dyᵀ·x` never reaches memory, the GEMM's
 //! register tiles update momentum and weights where they would have stored the gradient. Per step
 //! that removes the gradient's write and read and the separate pass's traffic over the weights and
