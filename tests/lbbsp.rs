@@ -12,7 +12,8 @@ use lbbsp::metrics::read_records;
 /// iterations are long compared with the kernel's scheduling slice. The share at iteration t is
 /// `b_t · (1/s_1) / Σ_j (1/s_j)` with `s_j` rank j's measured seconds per sample in that iteration.
 /// This machine's speed also jumps by itself for a few iterations at a time (shared host), which no
-/// balancer can foresee, so each iteration's deviation is the median over the 7 around it.
+/// balancer can foresee, so each iteration's deviation is the median over the 7 around it (the
+/// first and last 7 from iteration 35 on at the two ends).
 ///
 /// Such a jump can still outlast the window (about one run in four on this VM, with this session's
 /// binary and with the one before it alike), or, just before iteration 30, delay the confirmation
@@ -65,7 +66,9 @@ fn share_run(ranks: usize, attempt: &str) -> Result<(), String> {
         .collect();
     let mut off = Vec::new();
     for t in 35..records.len() {
-        let mut w = deviation[(t - 3).max(35)..(t + 4).min(records.len())].to_vec();
+        // The 7 iterations around t, shifted inside 35.. at both ends (not cut to 4 there).
+        let lo = t.saturating_sub(3).clamp(35, records.len().saturating_sub(7).max(35));
+        let mut w = deviation[lo..(lo + 7).min(records.len())].to_vec();
         w.sort_by(f64::total_cmp);
         if w[w.len() / 2] > 0.15 {
             off.push((t, sizes[t], (100.0 * deviation[t]).round()));
