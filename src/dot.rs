@@ -72,9 +72,7 @@ pub(crate) unsafe fn nt(
 /// Written with plain loops over the fixed-size arrays and no closures: a closure (`array::from_fn`,
 /// `array::map`) is a separate function to LLVM, and whether it got inlined depended on unrelated code
 /// elsewhere in the crate; when it was not, the 20 accumulators spilled and the kernel ran at half speed.
-/// Full steps use plain loads: masked loads, even with all 16 lanes set, ran at half speed on some of
-/// the hosts this VM lands on (measured: W1's forward products 2× slower), so only the last partial
-/// step is masked.
+/// Full steps use plain loads; only a last partial step needs the mask.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::needless_range_loop)]
