@@ -190,10 +190,24 @@ pub struct AllreduceRow {
     pub floats: usize,
     pub mpi_s: f64,
     pub ring_s: f64,
+    /// Through the shared window (ranks on several nodes: the ring again).
+    pub shm_s: f64,
 }
 
-/// Times `MPI_Allreduce` and lbbsp's allreduce (the ring from [`crate::ring::RING_MIN_FLOATS`]
-/// floats on) on each size, interleaved, `reps` times after a warm-up, a barrier before each call.
+impl AllreduceRow {
+    /// The median of algorithm `a`.
+    pub fn seconds(&self, a: Allreduce) -> f64 {
+        match a {
+            Allreduce::Mpi => self.mpi_s,
+            Allreduce::Ring => self.ring_s,
+            Allreduce::Shared => self.shm_s,
+        }
+    }
+}
+
+/// Times `MPI_Allreduce`, the ring and the shared window (each of the last two from
+/// [`crate::ring::RING_MIN_FLOATS`] floats on) on each size, interleaved in rotating order, `reps`
+/// times after a warm-up, a barrier before each call.
 /// The buffers hold small integers, whose sums are exact in any order: each result, and that of the
 /// reduce-scatter + all-gather pair the training loop uses, is checked against the closed form on
 /// every rank; a wrong sum is an error naming the size.
@@ -205,10 +219,12 @@ pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<Allredu
         let send: Vec<f32> = (0..n).map(|i| value(rank, i)).collect();
         let want: Vec<f32> = (0..n).map(|i| (0..world).map(|r| value(r, i)).sum()).collect();
         let mut recv = vec![0.0f32; n];
-        let mut times = [Vec::with_capacity(reps), Vec::with_capacity(reps)];
+        const ALGOS: [Allreduce; 3] = [Allreduce::Mpi, Allreduce::Ring, Allreduce::Shared];
+        let mut times = ALGOS.map(|_| Vec::with_capacity(reps));
         for rep in 0..reps + 3 {
-            for k in 0..2 {
-                let (which, algo) = [(0, Allreduce::Mpi), (1, Allreduce::Ring)][(rep + k) % 2];
+            for k in 0..ALGOS.len() {
+                let which = (rep + k) % ALGOS.len();
+                let algo = ALGOS[which];
                 recv.fill(f32::NAN);
                 comm.barrier();
                 let t = Instant::now();
@@ -238,7 +254,7 @@ pub fn allreduce(comm: &Mpi, sizes: &[usize], reps: usize) -> Result<Vec<Allredu
                 "reduce-scatter + all-gather of {n} floats gave a wrong sum on rank {rank}"
             )));
         }
-        rows.push(AllreduceRow { floats: n, mpi_s: med[0], ring_s: med[1] });
+        rows.push(AllreduceRow { floats: n, mpi_s: med[0], ring_s: med[1], shm_s: med[2] });
     }
     Ok(rows)
 }

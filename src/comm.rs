@@ -1,17 +1,19 @@
 //! The communicator: collectives in MPI vocabulary, with rsmpi behind it.
 //!
 //! Launching and transport are MPI's job (`mpirun`/`srun` start the ranks, rsmpi carries the
-//! collectives). [`Mpi`] owns the MPI environment (initialised on creation, finalised on drop);
+//! collectives; large sums go through an MPI-3 shared window on one node, [`crate::shm`], or a ring
+//! of `MPI_Sendrecv` across nodes, [`crate::ring`]). [`Mpi`] owns the MPI environment (initialised on creation, finalised on drop);
 //! [`Solo`] is the one-rank communicator of a plain run; [`Local`] runs several ranks as threads of
 //! one process, for fast tests and simulations of the same code paths.
 
 use crate::error::{Error, Result};
 use crate::ring;
+use crate::shm::NodeWindow;
 use mpi::collective::SystemOperation;
 use mpi::point_to_point::send_receive_into;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Barrier, Mutex};
 
 /// Collective operations every rank calls in the same order.
@@ -80,11 +82,14 @@ impl Communicator for Solo {
     }
 }
 
-/// How [`Mpi`] sums large f32 buffers (the gradient).
+/// How [`Mpi`] sums large f32 buffers (the gradient), from [`ring::RING_MIN_FLOATS`] floats on;
+/// smaller ones always take `MPI_Allreduce`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allreduce {
-    /// The [`ring`] on `MPI_Sendrecv` from [`ring::RING_MIN_FLOATS`] floats on (the default); below,
-    /// as with [`Allreduce::Mpi`].
+    /// Through an MPI-3 shared-memory window ([`crate::shm`]): the default when every rank runs on
+    /// one node.
+    Shared,
+    /// The [`ring`] on `MPI_Sendrecv`: the default across nodes.
     Ring,
     /// `MPI_Allreduce` for every sum; the training loop then updates every parameter on every rank
     /// (no reduce-scatter / all-gather halves).
@@ -94,8 +99,14 @@ pub enum Allreduce {
 /// MPI world communicator. Creating it initialises MPI (funneled: only the main thread calls MPI,
 /// rayon workers never do); dropping it finalises MPI.
 pub struct Mpi {
+    /// The shared window of [`Allreduce::Shared`], allocated (and grown) by the first collective
+    /// that needs it; dropped before the communicators below.
+    window: RefCell<Option<NodeWindow>>,
+    /// Set when allocating the window failed on some rank: every rank then takes the ring.
+    window_failed: Cell<bool>,
     world: SimpleCommunicator,
-    local_size: usize,
+    /// The ranks of this node (`MPI_COMM_TYPE_SHARED`).
+    node: SimpleCommunicator,
     allreduce: Allreduce,
     /// The ring's receive buffer for one chunk, sized on first use.
     ring_tmp: RefCell<Vec<f32>>,
@@ -109,24 +120,60 @@ impl Mpi {
         let (universe, _level) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
         let world = universe.world();
-        let local_size = world.split_shared(world.rank()).size() as usize;
+        let node = world.split_shared(world.rank());
+        // Every rank computes the same: a rank's node holds all ranks on every rank or on none.
+        let one_node = node.size() == world.size();
         let allreduce = match std::env::var("LBBSP_ALLREDUCE").as_deref() {
-            Err(_) | Ok("ring") => Allreduce::Ring,
+            Err(_) | Ok("auto") if one_node => Allreduce::Shared,
+            Err(_) | Ok("auto") | Ok("ring") => Allreduce::Ring,
+            Ok("shm") if one_node => Allreduce::Shared,
+            Ok("shm") => {
+                return Err(Error::Comm(format!(
+                    "LBBSP_ALLREDUCE=shm needs every rank on one node, but this node runs {} of {} ranks; \
+                     use `auto` (the default) or `ring`",
+                    node.size(),
+                    world.size()
+                )))
+            }
             Ok("mpi") => Allreduce::Mpi,
             Ok(other) => {
                 return Err(Error::Comm(format!(
-                    "LBBSP_ALLREDUCE={other:?}: unknown allreduce; use `ring` (the default) or `mpi` (MPI_Allreduce)"
+                    "LBBSP_ALLREDUCE={other:?}: unknown allreduce; use `auto` (the default: `shm` when every \
+                     rank is on one node, else `ring`), `shm`, `ring` or `mpi` (MPI_Allreduce)"
                 )))
             }
         };
-        Ok(Mpi { world, local_size, allreduce, ring_tmp: RefCell::default(), _universe: universe })
+        Ok(Mpi {
+            window: RefCell::default(),
+            window_failed: Cell::new(false),
+            world,
+            node,
+            allreduce,
+            ring_tmp: RefCell::default(),
+            _universe: universe,
+        })
     }
 
-    /// Chooses the algorithm of [`Communicator::all_reduce_sum_into`] (every rank must choose the
-    /// same). [`Mpi::init`] takes it from `LBBSP_ALLREDUCE` (`ring` or `mpi`), default ring.
+    /// Chooses the algorithm of the sums (every rank must choose the same). [`Mpi::init`] takes it
+    /// from `LBBSP_ALLREDUCE`: `auto` (the default), `shm`, `ring` or `mpi`. [`Allreduce::Shared`]
+    /// on ranks of several nodes falls back to the ring.
     pub fn set_allreduce(&mut self, a: Allreduce) {
         self.allreduce = a;
     }
+
+    /// The algorithm in use for large sums.
+    pub fn allreduce(&self) -> Allreduce {
+        self.allreduce
+    }
+}
+
+/// How one sum runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// `MPI_Allreduce` of the whole buffer (or a copy on one rank).
+    Whole,
+    Ring,
+    Shared,
 }
 
 impl Mpi {
@@ -139,16 +186,51 @@ impl Mpi {
     /// for buffers of at least [`ring::RING_MIN_FLOATS`] floats, `MPI_Allreduce` otherwise.
     pub fn all_reduce_sum_with(&self, a: Allreduce, send: &[f32], recv: &mut [f32]) {
         let (rank, world) = (self.rank(), self.world_size());
-        if self.uses_ring(a, send.len()) {
-            ring::all_reduce_sum(rank, world, send, recv, &mut self.ring_tmp.borrow_mut(), self.ring_sendrecv());
-        } else {
-            self.world.all_reduce_into(send, recv, SystemOperation::sum());
+        match self.path(a, send.len()) {
+            Path::Ring => {
+                ring::all_reduce_sum(rank, world, send, recv, &mut self.ring_tmp.borrow_mut(), self.ring_sendrecv())
+            }
+            Path::Shared => {
+                assert_eq!(recv.len(), send.len(), "allreduce: receive buffer length");
+                recv.copy_from_slice(send);
+                let mut window = self.window.borrow_mut();
+                let w = window.as_mut().expect("path() allocated the window");
+                w.reduce_scatter(&self.node, recv, send.len());
+                w.all_gather(&self.node, recv, send.len());
+            }
+            Path::Whole => self.world.all_reduce_into(send, recv, SystemOperation::sum()),
         }
     }
 
-    /// Whether algorithm `a` sums a `len`-float buffer on the ring.
-    fn uses_ring(&self, a: Allreduce, len: usize) -> bool {
-        a == Allreduce::Ring && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
+    /// How algorithm `a` sums a `len`-float buffer (collective: it may allocate the shared window).
+    fn path(&self, a: Allreduce, len: usize) -> Path {
+        if a == Allreduce::Mpi || self.world_size() == 1 || len < ring::RING_MIN_FLOATS {
+            return Path::Whole;
+        }
+        if a == Allreduce::Ring || self.window_failed.get() || self.node.size() != self.world.size() {
+            return Path::Ring;
+        }
+        let mut window = self.window.borrow_mut();
+        if window.as_ref().is_none_or(|w| w.capacity() < len) {
+            // Every rank sums the same lengths, so all of them get here together.
+            *window = None;
+            let got = NodeWindow::allocate(&self.node, len);
+            let (ok, mut all_ok) = (got.is_ok() as i32, 0i32);
+            self.world.all_reduce_into(&ok, &mut all_ok, SystemOperation::min());
+            match got {
+                Ok(w) if all_ok == 1 => *window = Some(w),
+                got => {
+                    // Not freed: MPI_Win_free is collective over ranks some of which hold no window.
+                    std::mem::forget(got);
+                    self.window_failed.set(true);
+                    if self.rank() == 0 {
+                        eprintln!("lbbsp: no shared-memory window of {len} floats on this node; summing on the ring");
+                    }
+                    return Path::Ring;
+                }
+            }
+        }
+        Path::Shared
     }
 
     /// The ring's step: send to the next rank, receive from the previous one (`MPI_Sendrecv`).
@@ -175,7 +257,7 @@ impl Communicator for Mpi {
         self.world.size() as usize
     }
     fn local_size(&self) -> usize {
-        self.local_size
+        self.node.size() as usize
     }
     fn barrier(&self) {
         self.world.barrier();
@@ -195,18 +277,26 @@ impl Communicator for Mpi {
     fn reduce_scatter_sum(&self, buf: &mut [f32], split: usize) {
         let (rank, world) = (self.rank(), self.world_size());
         let mut tmp = self.ring_tmp.borrow_mut();
-        if self.uses_ring(self.allreduce, buf.len()) {
-            ring::reduce_scatter(rank, world, buf, split, &mut tmp, self.ring_sendrecv());
-        } else if world > 1 {
-            // MPI_Allreduce of a copy (`tmp` grows once): every block is summed (`scatters` is false).
-            tmp.clear();
-            tmp.extend_from_slice(buf);
-            self.world.all_reduce_into(&tmp[..], buf, SystemOperation::sum());
+        match self.path(self.allreduce, buf.len()) {
+            Path::Shared => {
+                self.window.borrow_mut().as_mut().expect("allocated").reduce_scatter(&self.node, buf, split)
+            }
+            Path::Ring => ring::reduce_scatter(rank, world, buf, split, &mut tmp, self.ring_sendrecv()),
+            Path::Whole if world > 1 => {
+                // MPI_Allreduce of a copy (`tmp` grows once): every block is summed (`scatters` is false).
+                tmp.clear();
+                tmp.extend_from_slice(buf);
+                self.world.all_reduce_into(&tmp[..], buf, SystemOperation::sum());
+            }
+            Path::Whole => {}
         }
     }
     fn all_gather_blocks(&self, buf: &mut [f32], split: usize) {
         let (rank, world) = (self.rank(), self.world_size());
-        if self.uses_ring(self.allreduce, buf.len()) {
+        let path = self.path(self.allreduce, buf.len());
+        if path == Path::Shared {
+            self.window.borrow_mut().as_mut().expect("allocated").all_gather(&self.node, buf, split);
+        } else if path == Path::Ring {
             ring::all_gather(rank, world, buf, split, self.ring_sendrecv());
         } else if world > 1 {
             // Not on the training step's path (`scatters` is false here); a checkpoint's gather.
@@ -219,7 +309,7 @@ impl Communicator for Mpi {
         }
     }
     fn scatters(&self, len: usize) -> bool {
-        self.uses_ring(self.allreduce, len)
+        self.allreduce != Allreduce::Mpi && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
     }
 }
 

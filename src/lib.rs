@@ -71,6 +71,7 @@ pub mod residual;
 pub mod ring;
 pub mod rng;
 pub mod shard;
+pub mod shm;
 pub mod sync;
 pub mod team;
 pub mod train;

@@ -1,4 +1,6 @@
-//! Ring allreduce of large f32 buffers, built on MPI point-to-point (`MPI_Sendrecv`).
+//! Ring allreduce of large f32 buffers, built on MPI point-to-point (`MPI_Sendrecv`): the path
+//! across nodes (on one node the default is the shared window of [`crate::shm`], which sums in the
+//! same order).
 //!
 //! The buffer is cut into one chunk per rank. A **reduce-scatter** passes partial sums around the
 //! ring (`world − 1` steps: each rank sends one chunk to the next rank, receives another from the

@@ -75,8 +75,9 @@ fn impossible_batch_fails_cleanly_under_mpirun() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// The ring allreduce and the loop's reduce-scatter + all-gather give exact sums on 2 and 3 ranks
-/// (`lbbsp bench allreduce` checks every result and fails on a wrong one).
+/// MPI_Allreduce, the ring and the shared window, and the loop's reduce-scatter + all-gather (on the
+/// window: growing it twice), give exact sums on 2 and 3 ranks (`lbbsp bench allreduce` checks every
+/// result and fails on a wrong one).
 #[test]
 fn allreduce_and_its_halves_are_exact_on_2_and_3_ranks() {
     for ranks in [2, 3] {
@@ -87,32 +88,36 @@ fn allreduce_and_its_halves_are_exact_on_2_and_3_ranks() {
     }
 }
 
-/// The sharded step over the ring (default) and one MPI_Allreduce with a full update on every rank
-/// (`LBBSP_ALLREDUCE=mpi`) train identically: on two ranks each sum is `a + b` either way and the
-/// update is element-wise, so the loss trajectories agree bit for bit. A wrong setting is refused
-/// by name.
+/// The sharded step through the shared window (the default on one node), over the ring, and one
+/// MPI_Allreduce with a full update on every rank (`LBBSP_ALLREDUCE=mpi`) train identically: on two
+/// ranks each sum is `a + b` whichever way and the update is element-wise, so the loss trajectories
+/// agree bit for bit. On three ranks the window sums in the ring's order, so those two still agree
+/// bit for bit (MPI_Allreduce's order is its own). A wrong setting is refused by name.
 #[test]
-fn ring_and_mpi_allreduce_train_identically_and_a_bad_setting_is_named() {
+fn shm_ring_and_mpi_allreduce_train_identically_and_a_bad_setting_is_named() {
     let dir = scratch("allreduce-setting");
-    // Without and with gradient clipping (0.05 clips every step: its norm is summed over the ranks'
-    // blocks on the ring, over the whole gradient with MPI_Allreduce).
-    for clip in ["none", "0.05"] {
-        let mut runs = Vec::new();
-        for algo in ["ring", "mpi"] {
-            let m = dir.join(format!("{algo}-{clip}.jsonl"));
-            let mut args = vec!["train", "mnist-mlp", "-q", "--set", "train.max_iters=40"];
-            let clip_set = format!("optimizer.clip_grad_norm={clip}");
-            if clip != "none" {
-                args.extend(["--set", &clip_set]);
-            }
-            args.extend(["--metrics", m.to_str().unwrap()]);
-            lbbsp_env_ok(2, &[("LBBSP_ALLREDUCE", algo)], &args);
-            runs.push(losses(&m));
+    let run = |ranks: usize, algo: &str, clip: &str| {
+        let m = dir.join(format!("{ranks}-{algo}-{clip}.jsonl"));
+        let mut args = vec!["train", "mnist-mlp", "-q", "--set", "train.max_iters=40"];
+        let clip_set = format!("optimizer.clip_grad_norm={clip}");
+        if clip != "none" {
+            args.extend(["--set", &clip_set]);
         }
-        assert_eq!(runs[0].len(), 40);
-        assert_eq!(runs[0], runs[1], "ring and MPI_Allreduce trajectories differ (clip {clip})");
+        args.extend(["--metrics", m.to_str().unwrap()]);
+        lbbsp_env_ok(ranks, &[("LBBSP_ALLREDUCE", algo)], &args);
+        losses(&m)
+    };
+    // Without and with gradient clipping (0.05 clips every step: its norm is summed over the ranks'
+    // blocks on the window and the ring, over the whole gradient with MPI_Allreduce).
+    for clip in ["none", "0.05"] {
+        let shm = run(2, "shm", clip);
+        assert_eq!(shm.len(), 40);
+        for algo in ["ring", "mpi"] {
+            assert_eq!(shm, run(2, algo, clip), "2 ranks: shm and {algo} trajectories differ (clip {clip})");
+        }
     }
+    assert_eq!(run(3, "shm", "none"), run(3, "ring", "none"), "3 ranks: shm and ring trajectories differ");
     let out = lbbsp_env(2, &[("LBBSP_ALLREDUCE", "tree")], &["train", "digits-mlp", "-q"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("LBBSP_ALLREDUCE") && err.contains("ring"), "{err}");
+    assert!(!out.status.success() && err.contains("LBBSP_ALLREDUCE") && err.contains("shm"), "{err}");
 }
