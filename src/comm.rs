@@ -212,25 +212,45 @@ impl Mpi {
         }
         let mut window = self.window.borrow_mut();
         if window.as_ref().is_none_or(|w| w.capacity() < len) {
-            // Every rank sums the same lengths, so all of them get here together.
+            // Every rank sums the same lengths, so all of them get here together. Both steps are
+            // agreed on by all ranks: allocating is collective, and so is the choice of path.
             *window = None;
-            let got = NodeWindow::allocate(&self.node, len);
-            let (ok, mut all_ok) = (got.is_ok() as i32, 0i32);
-            self.world.all_reduce_into(&ok, &mut all_ok, SystemOperation::min());
+            let room = crate::shm::room(self.world_size() * NodeWindow::bytes(len));
+            let got = match self.everyone(room.is_ok()) {
+                true => NodeWindow::allocate(&self.node, len),
+                false => Err(room.err().unwrap_or_else(|| Error::Comm("another rank lacks room for it".into()))),
+            };
+            let all = self.everyone(got.is_ok());
             match got {
-                Ok(w) if all_ok == 1 => *window = Some(w),
+                Ok(w) if all => *window = Some(w),
                 got => {
-                    // Not freed: MPI_Win_free is collective over ranks some of which hold no window.
-                    std::mem::forget(got);
+                    let why = match got {
+                        Err(e) => e.to_string(),
+                        Ok(w) => {
+                            // Not freed: MPI_Win_free is collective over ranks some of which hold none.
+                            std::mem::forget(w);
+                            "another rank could not allocate it".into()
+                        }
+                    };
                     self.window_failed.set(true);
                     if self.rank() == 0 {
-                        eprintln!("lbbsp: no shared-memory window of {len} floats on this node; summing on the ring");
+                        eprintln!(
+                            "lbbsp: no shared-memory window of {len} floats on this node ({why}); summing on the \
+                             ring instead (LBBSP_ALLREDUCE=ring chooses it outright)"
+                        );
                     }
                     return Path::Ring;
                 }
             }
         }
         Path::Shared
+    }
+
+    /// Whether `ok` holds on every rank (collective).
+    fn everyone(&self, ok: bool) -> bool {
+        let mut all = 0i32;
+        self.world.all_reduce_into(&(ok as i32), &mut all, SystemOperation::min());
+        all == 1
     }
 
     /// The ring's step: send to the next rank, receive from the previous one (`MPI_Sendrecv`).

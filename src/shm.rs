@@ -40,7 +40,7 @@ impl NodeWindow {
     /// Allocates the window on `node` (collective over `node`, whose ranks must all call it with
     /// the same `cap`), each rank's segment ready for direct loads and stores.
     pub fn allocate(node: &SimpleCommunicator, cap: usize) -> Result<NodeWindow> {
-        let bytes = 2 * cap * std::mem::size_of::<f32>();
+        let bytes = Self::bytes(cap);
         let fail = |what: &str, code: c_int| {
             Error::Comm(format!(
                 "{what} failed (code {code}) for a {bytes}-byte shared window; \
@@ -83,6 +83,11 @@ impl NodeWindow {
             return Err(fail("MPI_Win_lock_all", code));
         }
         Ok(NodeWindow { win, bases, cap, parity: 0 })
+    }
+
+    /// Bytes of one rank's segment for outboxes of `cap` floats.
+    pub fn bytes(cap: usize) -> usize {
+        2 * cap * std::mem::size_of::<f32>()
     }
 
     /// Floats each outbox holds.
@@ -150,6 +155,34 @@ impl NodeWindow {
     }
 }
 
+/// Checks that the file system behind Open MPI's shared windows (`OMPI_MCA_osc_sm_backing_directory`,
+/// by default `/dev/shm`) has `bytes` free. The window is a file there, mapped by every rank; a
+/// container's small `/dev/shm` (Docker's default is 64 MB) would otherwise end the job with a bus
+/// error when the pages are first touched, and a missing directory makes Open MPI abort the job (its
+/// error handler on a failed `MPI_Win_allocate_shared` cannot return: the other ranks would wait in
+/// it forever). Checked first, either falls back to the ring.
+pub fn room(bytes: usize) -> Result<()> {
+    let dir = std::env::var("OMPI_MCA_osc_sm_backing_directory").unwrap_or_else(|_| "/dev/shm".into());
+    let unreadable = || Error::Comm(format!("cannot read the free space of {dir}"));
+    let path = std::ffi::CString::new(dir.clone()).map_err(|_| unreadable())?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a live out-struct.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(unreadable());
+    }
+    let free = st.f_bavail as u128 * st.f_frsize as u128;
+    // Room for the window and as much again for whatever else shares the directory.
+    if free < 2 * bytes as u128 {
+        return Err(Error::Comm(format!(
+            "{dir} has {} MB free, the window needs {} MB; enlarge it (e.g. `docker run --shm-size=1g`) or set \
+             OMPI_MCA_osc_sm_backing_directory to a larger local directory",
+            free >> 20,
+            bytes.div_ceil(1 << 20)
+        )));
+    }
+    Ok(())
+}
+
 /// Copies `src` to `dst` (in this rank's outbox) with non-temporal stores: the lines go to memory
 /// without being read for ownership first. The other rank read these lines two collectives ago
 /// and may still hold them; a plain copy (`memcpy`) must invalidate each one in its cache first,
@@ -207,5 +240,17 @@ impl Drop for NodeWindow {
             ffi::MPI_Win_unlock_all(self.win);
             ffi::MPI_Win_free(&mut self.win);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn room_names_the_directory_and_the_fix() {
+        assert!(room(0).is_ok());
+        let err = room(1 << 60).unwrap_err().to_string();
+        assert!(err.contains("/dev/shm") && err.contains("--shm-size") && err.contains("MB free"), "{err}");
     }
 }

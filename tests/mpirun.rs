@@ -117,6 +117,17 @@ fn shm_ring_and_mpi_allreduce_train_identically_and_a_bad_setting_is_named() {
         }
     }
     assert_eq!(run(3, "shm", "none"), run(3, "ring", "none"), "3 ranks: shm and ring trajectories differ");
+    // No room for the window (here: its directory is missing): the ranks agree to take the ring,
+    // say so, and train the same.
+    let m = dir.join("no-room.jsonl");
+    let out = lbbsp_env_ok(
+        2,
+        &[("OMPI_MCA_osc_sm_backing_directory", "/nonexistent-lbbsp-shm")],
+        &["train", "mnist-mlp", "-q", "--set", "train.max_iters=40", "--metrics", m.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent-lbbsp-shm") && err.contains("on the ring"), "{err}");
+    assert_eq!(losses(&m), run(2, "ring", "none"), "the fallback trains as the ring");
     let out = lbbsp_env(2, &[("LBBSP_ALLREDUCE", "tree")], &["train", "digits-mlp", "-q"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("LBBSP_ALLREDUCE") && err.contains("shm"), "{err}");
