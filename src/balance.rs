@@ -109,7 +109,7 @@ impl BalanceConfig {
         if !(self.slope_forgetting > 0.0 && self.slope_forgetting <= 1.0) {
             return Err(Error::config("balance.slope_forgetting", "must be in (0, 1]"));
         }
-        if !(self.outlier > 0.0) {
+        if self.outlier.is_nan() || self.outlier <= 0.0 {
             return Err(Error::config("balance.outlier", "must be > 0"));
         }
         if !(0.0..1.0).contains(&self.dead_band) {
@@ -374,7 +374,7 @@ impl Balancer {
             .enumerate()
             .map(|(i, &b)| {
                 let d = (b as f64 * self.cfg.probe_amplitude).round() as usize;
-                if (i + k) % 2 == 0 {
+                if (i + k).is_multiple_of(2) {
                     b + d
                 } else {
                     b.saturating_sub(d)

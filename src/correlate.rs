@@ -311,7 +311,7 @@ fn tile_weights(planes: usize, n: usize, taps: usize, w: impl Fn(usize, usize) -
 /// in `out`: `out[j][p] = Σ_t w[t][j] · src[offs[t] + p]`, the taps summed in order. `w` holds, per
 /// tile, `offs.len()` rows of `tile.planes()` weights. Panics if a tap reads past `src`.
 pub fn correlate(tile: Tile, out: &mut [f32], len: usize, src: &[f32], offs: &[usize], w: &[f32]) {
-    assert!(len % tile.width() == 0 && w.len() * len == out.len() * offs.len(), "correlate: shapes");
+    assert!(len.is_multiple_of(tile.width()) && w.len() * len == out.len() * offs.len(), "correlate: shapes");
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has AVX-512F and FMA (checked at run time).
@@ -333,7 +333,7 @@ pub struct Runs<'a> {
 /// lane-wise partial dot products (`acc` is `2 × offs.len()`), reduced over the lanes by the caller.
 /// `len` is a multiple of [`LANES`], `offs.len()` of [`GROUP`].
 pub fn dot_lanes(acc: &mut [[f32; LANES]], a: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
-    let ok = len % LANES == 0 && acc.len() == 2 * offs.len() && offs.len() % GROUP == 0;
+    let ok = len.is_multiple_of(LANES) && acc.len() == 2 * offs.len() && offs.len().is_multiple_of(GROUP);
     assert!(ok && a[0].count == src.count && a[1].count == src.count, "dot_lanes: shapes");
     #[cfg(target_arch = "x86_64")]
     if avx512() {

@@ -195,7 +195,7 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
         LayerSpec::GroupNorm { groups } => {
             at_least_one(*groups, format!("{at}.groups"))?;
             let c = shape[0];
-            if shape.len() < 2 || c % groups != 0 {
+            if shape.len() < 2 || !c.is_multiple_of(*groups) {
                 return Err(Error::config(
                     format!("{at}.groups"),
                     format!("group-norm needs input [C, H, W] with C divisible by groups, but gets {shape:?} and {groups} groups"),

@@ -39,7 +39,7 @@ impl GroupNorm {
     /// Panics unless `groups` divides the channel count (the model builder checks first).
     pub fn new(groups: usize, shape: Vec<usize>) -> GroupNorm {
         assert!(
-            groups >= 1 && !shape.is_empty() && shape[0] % groups == 0,
+            groups >= 1 && !shape.is_empty() && shape[0].is_multiple_of(groups),
             "group-norm: {groups} groups do not divide shape {shape:?}"
         );
         GroupNorm { groups, shape, mean: Vec::new(), rstd: Vec::new(), partials: Vec::new() }

@@ -218,7 +218,7 @@ fn helper(s: &'static Shared, me: usize) {
         let mut spins = 0u32;
         while s.go[me].load(Ordering::Acquire) == seen {
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && since.elapsed() > SPIN {
+            if spins.is_multiple_of(256) && since.elapsed() > SPIN {
                 s.parked[me].store(true, Ordering::SeqCst);
                 // A job posted before the flag was visible is caught by this re-check.
                 if s.go[me].load(Ordering::SeqCst) == seen {
