@@ -2,9 +2,10 @@
 //!
 //! Launching and transport are MPI's job (`mpirun`/`srun` start the ranks, rsmpi carries the
 //! collectives; large sums go through an MPI-3 shared window on one node, [`crate::shm`], or a ring
-//! of `MPI_Sendrecv` across nodes, [`crate::ring`]). [`Mpi`] owns the MPI environment (initialised on creation, finalised on drop);
-//! [`Solo`] is the one-rank communicator of a plain run; [`Local`] runs several ranks as threads of
-//! one process, for fast tests and simulations of the same code paths.
+//! of `MPI_Sendrecv` across nodes, [`crate::ring`]). [`Mpi`] owns the MPI environment (initialised
+//! on creation, finalised on drop); [`Solo`] is the one-rank communicator of a plain run; [`Local`]
+//! runs several ranks as threads of one process, for fast tests and simulations of the same code
+//! paths.
 
 use crate::error::{Error, Result};
 use crate::ring;
@@ -167,6 +168,17 @@ impl Mpi {
     }
 }
 
+impl Allreduce {
+    /// Its `LBBSP_ALLREDUCE` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Allreduce::Shared => "shm",
+            Allreduce::Ring => "ring",
+            Allreduce::Mpi => "mpi",
+        }
+    }
+}
+
 /// How one sum runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
@@ -313,23 +325,29 @@ impl Communicator for Mpi {
     }
     fn all_gather_blocks(&self, buf: &mut [f32], split: usize) {
         let (rank, world) = (self.rank(), self.world_size());
-        let path = self.path(self.allreduce, buf.len());
-        if path == Path::Shared {
-            self.window.borrow_mut().as_mut().expect("allocated").all_gather(&self.node, buf, split);
-        } else if path == Path::Ring {
-            ring::all_gather(rank, world, buf, split, self.ring_sendrecv());
-        } else if world > 1 {
-            // Not on the training step's path (`scatters` is false here); a checkpoint's gather.
-            let blocks: Vec<_> = (0..world).map(|c| ring::block(buf.len(), split, world, c)).collect();
-            let counts: Vec<i32> = blocks.iter().map(|b| b.len() as i32).collect();
-            let displs: Vec<i32> = blocks.iter().map(|b| b.start as i32).collect();
-            let mine = buf[blocks[rank].clone()].to_vec();
-            let mut parts = mpi::datatype::PartitionMut::new(buf, counts, displs);
-            self.world.all_gather_varcount_into(&mine[..], &mut parts);
+        match self.path(self.allreduce, buf.len()) {
+            Path::Shared => self.window.borrow_mut().as_mut().expect("allocated").all_gather(&self.node, buf, split),
+            Path::Ring => ring::all_gather(rank, world, buf, split, self.ring_sendrecv()),
+            Path::Whole if world > 1 => self.gather_whole(buf, split),
+            Path::Whole => {}
         }
     }
     fn scatters(&self, len: usize) -> bool {
         self.allreduce != Allreduce::Mpi && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
+    }
+}
+
+impl Mpi {
+    /// `MPI_Allgatherv` of every rank's block of `buf`: not on the training step's path (the sum
+    /// is not scattered there); a checkpoint's gather.
+    fn gather_whole(&self, buf: &mut [f32], split: usize) {
+        let (rank, world) = (self.rank(), self.world_size());
+        let blocks: Vec<_> = (0..world).map(|c| ring::block(buf.len(), split, world, c)).collect();
+        let counts: Vec<i32> = blocks.iter().map(|b| b.len() as i32).collect();
+        let displs: Vec<i32> = blocks.iter().map(|b| b.start as i32).collect();
+        let mine = buf[blocks[rank].clone()].to_vec();
+        let mut parts = mpi::datatype::PartitionMut::new(buf, counts, displs);
+        self.world.all_gather_varcount_into(&mine[..], &mut parts);
     }
 }
 

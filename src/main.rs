@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use lbbsp::bench::{Footprint, Workload};
-use lbbsp::comm::{Allreduce, Communicator, Mpi};
+use lbbsp::comm::{Communicator, Mpi};
 use lbbsp::metrics::write_json;
 use lbbsp::train::{RunOptions, Slowdown};
 use std::path::{Path, PathBuf};
@@ -343,12 +343,7 @@ fn bench_gemm(args: &BenchArgs) -> Result<()> {
 fn bench_allreduce(comm: &Mpi, args: &BenchArgs) -> Result<()> {
     let rows = lbbsp::bench::allreduce(comm, &[4096, 61_706, 535_818], args.reps)?;
     if comm.rank() == 0 {
-        let algo = comm.allreduce();
-        let name = match algo {
-            Allreduce::Shared => "shm",
-            Allreduce::Ring => "ring",
-            Allreduce::Mpi => "mpi",
-        };
+        let (algo, name) = (comm.allreduce(), comm.allreduce().name());
         for r in rows {
             println!(
                 "RESULT allreduce ranks={} floats={} mpi_us={:.1} ring_us={:.1} shm_us={:.1} lbbsp={name} \

