@@ -11,7 +11,15 @@ use std::path::{Path, PathBuf};
 
 /// Data-parallel CPU training over MPI with load-balanced bulk synchronous parallel (LB-BSP).
 #[derive(Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    after_help = "Environment:
+  LBBSP_DATA       where the data sets are (same as --data-dir)
+  LBBSP_ALLREDUCE  how ranks sum the gradient: auto (default: shm on one node, ring across nodes),
+                   shm (MPI-3 shared window), ring (MPI_Sendrecv), mpi (one MPI_Allreduce)
+  LBBSP_GEMM       portable: the matrixmultiply GEMM instead of lbbsp's AVX-512 kernels"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
