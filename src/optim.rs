@@ -86,6 +86,23 @@ pub const DEFAULT_BETAS: [f32; 2] = [0.9, 0.999];
 pub const DEFAULT_EPS: f32 = 1e-8;
 
 impl OptimizerConfig {
+    /// SGD at a constant learning rate `lr` with `momentum` (0 for plain SGD), nothing else: for a
+    /// loop written by hand; adjust the other fields with struct update syntax.
+    pub fn sgd(lr: f32, momentum: f32) -> OptimizerConfig {
+        OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            lr,
+            momentum,
+            nesterov: false,
+            weight_decay: 0.0,
+            betas: None,
+            eps: None,
+            clip_grad_norm: None,
+            schedule: Schedule::Constant,
+            warmup_iters: 0,
+        }
+    }
+
     /// Rejects impossible values and settings of another optimizer, naming the field.
     pub fn validate(&self) -> Result<()> {
         if !(self.lr.is_finite() && self.lr > 0.0) {
@@ -372,18 +389,7 @@ mod tests {
     use super::*;
 
     fn cfg(momentum: f32, nesterov: bool, weight_decay: f32) -> OptimizerConfig {
-        OptimizerConfig {
-            kind: OptimizerKind::Sgd,
-            lr: 0.1,
-            momentum,
-            nesterov,
-            weight_decay,
-            betas: None,
-            eps: None,
-            clip_grad_norm: None,
-            schedule: Schedule::Constant,
-            warmup_iters: 0,
-        }
+        OptimizerConfig { nesterov, weight_decay, ..OptimizerConfig::sgd(0.1, momentum) }
     }
 
     fn adam(kind: OptimizerKind, betas: [f32; 2], eps: f32, weight_decay: f32) -> OptimizerConfig {

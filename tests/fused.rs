@@ -7,23 +7,12 @@ use lbbsp::fused::SgdStep;
 use lbbsp::layers::Mode;
 use lbbsp::loss::Loss;
 use lbbsp::model::{LayerSpec, ModelSpec};
-use lbbsp::optim::{Optimizer, OptimizerConfig, OptimizerKind, Schedule};
+use lbbsp::optim::{Optimizer, OptimizerConfig, OptimizerKind};
 use lbbsp::rng::Rng;
 use lbbsp::Model;
 
 fn sgd(weight_decay: f32) -> OptimizerConfig {
-    OptimizerConfig {
-        kind: OptimizerKind::Sgd,
-        lr: 0.05,
-        momentum: 0.9,
-        nesterov: false,
-        weight_decay,
-        betas: None,
-        eps: None,
-        clip_grad_norm: None,
-        schedule: Schedule::Constant,
-        warmup_iters: 0,
-    }
+    OptimizerConfig { weight_decay, ..OptimizerConfig::sgd(0.05, 0.9) }
 }
 
 /// Three steps of both ways from the same start, on batches of `sizes`; parameters and momentum must
