@@ -5,6 +5,10 @@
 //! (its affinity mask; every core when unpinned) during the iteration:
 //! `Σ_{cores} busy(core) − own CPU time`. `/proc/stat` counts in clock ticks (usually 10 ms), so a
 //! single iteration's sample is coarse; averaged over a few iterations it tracks a co-located job well.
+//! For the same reason it is re-read at most once per tick: the kernel formats every core's and
+//! every interrupt's counters on each read (~20 µs, 1% of a 2 ms iteration), and a shorter
+//! iteration could not see a change anyway. An iteration that ends within a tick of the last read
+//! reports 0 and the next read reports everything since, so sums over iterations are unchanged.
 //! The rank's own CPU share is its process CPU time (all threads, nanosecond clock) over wall time.
 
 use std::time::Instant;
@@ -78,9 +82,16 @@ pub fn busy_s_from(stat: &str, cores: &[usize], ticks: f64) -> f64 {
 #[derive(Debug)]
 pub struct CpuSampler {
     cores: Vec<usize>,
+    /// Wall clock and own CPU time at the last sample (for the CPU share).
     wall: Instant,
-    busy: f64,
     own: f64,
+    /// Busy time of the cores, own CPU time and wall clock at the last read of `/proc/stat`.
+    busy: f64,
+    own_at_read: f64,
+    read_at: Instant,
+    /// Seconds of one `/proc/stat` tick.
+    tick_s: f64,
+    reads: u64,
     stat: Option<std::fs::File>,
     text: String,
 }
@@ -97,15 +108,28 @@ pub struct CpuSample {
 impl CpuSampler {
     pub fn new() -> CpuSampler {
         let stat = std::fs::File::open("/proc/stat").ok();
-        let mut s =
-            CpuSampler { cores: allowed_cores(), wall: Instant::now(), busy: 0.0, own: 0.0, stat, text: String::new() };
+        let now = Instant::now();
+        let mut s = CpuSampler {
+            cores: allowed_cores(),
+            wall: now,
+            own: 0.0,
+            busy: 0.0,
+            own_at_read: 0.0,
+            read_at: now,
+            tick_s: 1.0 / ticks_per_s(),
+            reads: 0,
+            stat,
+            text: String::new(),
+        };
         (s.busy, s.own) = (s.read_busy(), process_cpu_s());
+        s.own_at_read = s.own;
         s
     }
 
     /// [`busy_s_from`] of the open `/proc/stat`, re-read (0 where there is none).
     fn read_busy(&mut self) -> f64 {
         use std::io::{Read, Seek, SeekFrom};
+        self.reads += 1;
         self.text.clear();
         if let Some(f) = self.stat.as_mut() {
             if f.seek(SeekFrom::Start(0)).and_then(|_| f.read_to_string(&mut self.text)).is_err() {
@@ -116,15 +140,18 @@ impl CpuSampler {
     }
 
     /// The sample since the previous call (or creation), and starts a new one.
+    /// `/proc/stat` is read only when a tick has passed since its last read (see the module docs).
     pub fn sample(&mut self) -> CpuSample {
-        let (busy, own, wall) = (self.read_busy(), process_cpu_s(), Instant::now());
+        let (own, wall) = (process_cpu_s(), Instant::now());
         let dt = wall.duration_since(self.wall).as_secs_f64();
-        let d_own = own - self.own;
-        let s = CpuSample {
-            interference_s: (busy - self.busy - d_own).max(0.0),
-            cpu_share: if dt > 0.0 { d_own / dt } else { 0.0 },
-        };
-        (self.busy, self.own, self.wall) = (busy, own, wall);
+        let mut interference_s = 0.0;
+        if wall.duration_since(self.read_at).as_secs_f64() >= self.tick_s {
+            let busy = self.read_busy();
+            interference_s = (busy - self.busy - (own - self.own_at_read)).max(0.0);
+            (self.busy, self.own_at_read, self.read_at) = (busy, own, wall);
+        }
+        let s = CpuSample { interference_s, cpu_share: if dt > 0.0 { (own - self.own) / dt } else { 0.0 } };
+        (self.own, self.wall) = (own, wall);
         s
     }
 }
@@ -158,6 +185,21 @@ mod tests {
         std::hint::black_box(x);
         let smp = s.sample();
         assert!(smp.cpu_share > 0.5, "{smp:?}");
+    }
+
+    #[test]
+    fn stat_is_read_at_most_once_per_tick() {
+        let mut s = CpuSampler::new();
+        let t = Instant::now();
+        for _ in 0..2000 {
+            s.sample();
+        }
+        let ticks = t.elapsed().as_secs_f64() / s.tick_s;
+        // One read at creation, then at most one per tick that passed.
+        assert!((s.reads as f64) <= ticks + 2.0, "{} reads of /proc/stat in {ticks:.1} ticks", s.reads);
+        std::thread::sleep(std::time::Duration::from_secs_f64(1.5 * s.tick_s));
+        s.sample();
+        assert!(s.reads >= 2, "a sample a tick later must read /proc/stat again");
     }
 
     #[test]
