@@ -238,7 +238,9 @@ impl RankFit {
     ///
     /// At an unchanged size (within 10% of the previous one), within ±`HUBER` of the prediction an
     /// observation has full weight; beyond, its weight falls as
-    /// `HUBER/|deviation|` (Huber), and beyond `cfg.outlier` it is held back. `confirm_iters` held-back
+    /// `HUBER/|deviation|` (Huber), and beyond `cfg.outlier` it is held back. After a size change it
+    /// has full weight, unless it lies beyond `cfg.outlier` while the slope is already known: then it
+    /// is held back too (the speed changed with the size). `confirm_iters` held-back
     /// observations in a row, in the same direction and of about the same size (within 25%), mean the
     /// rank's speed changed: every past time is rescaled by the observed ratio (which scales α and β alike,
     /// the fit being linear in t) and both new points are added. One ordinary observation among the
@@ -254,11 +256,15 @@ impl RankFit {
         self.last_b = b;
         let mut weight = 1.0;
         // After a size change a surprise says more about the line's shape than about the rank's
-        // speed: such observations are learned from in full, never held back.
-        if let Some(line) = self.line().filter(|_| !moved) {
+        // speed: such observations are learned from in full. Except one beyond the outlier band
+        // once the slope is known from earlier size changes: no plausible line passes through it
+        // (halving b and t hardly moving would make α most of the time), so it is the rank's speed
+        // that changed together with its size, and it waits for confirmation like any other.
+        if let Some(line) = self.line() {
             let ratio = t / (line.alpha + line.beta * b).max(1e-12);
             let rel = ratio - 1.0;
-            if rel.abs() > cfg.outlier {
+            let shape = moved && (rel.abs() <= cfg.outlier || self.slow.slope().is_none());
+            if !shape && rel.abs() > cfg.outlier {
                 // Same direction and about the same size (within 25%) as the held ones: a real
                 // change, not a burst of noise, once `confirm_iters` agree.
                 let agrees = |&(_, _, p): &(f64, f64, f64)| {
@@ -283,7 +289,7 @@ impl RankFit {
                 }
                 return;
             }
-            if rel.abs() > HUBER {
+            if !shape && rel.abs() > HUBER {
                 weight = HUBER / rel.abs();
             }
         }
@@ -555,5 +561,32 @@ mod tests {
             f.observe(64, t, &cfg);
         }
         assert!(f.line().unwrap().at(64) < 0.08, "alternating is noise: {:?}", f.line());
+    }
+
+    #[test]
+    fn a_speed_change_together_with_a_size_change_is_held_not_read_as_shape() {
+        let cfg = BalanceConfig::default();
+        let mut f = RankFit::default();
+        // The slope is known: sizes varied, 0.1 ms per sample, no fixed cost.
+        for b in [400, 500, 600, 500, 400, 500, 600, 500] {
+            f.observe(b, 1e-4 * b as f64, &cfg);
+        }
+        // The size halves just as the rank's speed halves (a job starts on its core): t stays put.
+        // Read as shape, that would make α half the time and hand the rank far too many samples.
+        f.observe(250, 2e-4 * 250.0, &cfg);
+        let l = f.line().unwrap();
+        assert!(l.alpha < 1e-3 && (l.at(250) - 0.025).abs() < 1e-4, "read as shape: {l:?}");
+        // Confirmed like any other change of speed.
+        f.observe(250, 0.05, &cfg);
+        f.observe(250, 0.05, &cfg);
+        let l = f.line().unwrap();
+        assert!(l.alpha < 1e-3 && (l.at(250) - 0.05).abs() < 1e-3, "not adopted: {l:?}");
+        // Before the slope is known, a surprise after a move is still learned as shape.
+        let mut f = RankFit::default();
+        for _ in 0..4 {
+            f.observe(500, 0.05, &cfg);
+        }
+        f.observe(250, 0.04, &cfg);
+        assert!(f.line().unwrap().alpha > 0.02, "a first size change teaches the fixed cost: {:?}", f.line());
     }
 }
