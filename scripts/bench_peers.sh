@@ -51,13 +51,15 @@ record_gemm() {
   done
 }
 
-for round in $(seq "$rounds"); do
-  echo "bench_peers: round $round/$rounds" >&2
+run_lbbsp() {
   for w in w1 w2; do
     "$bin" bench "$w" --threads 2 2>&1 | tee -a "$out/memory" | record "lbbsp-$w" || true
     mpirun -n 2 "$bin" bench "$w" --threads 1 2>&1 | record "lbbsp2-$w" || true
   done
+}
+run_peers() {
   for m in mlp cnn; do
+    local w
     w=$([ $m = mlp ] && echo w1 || echo w2)
     if has numpy && [ $m = mlp ]; then "$peers_dir/run" numpy mlp 2>&1 | record "numpy-$w" || true; fi
     if has torch; then "$peers_dir/run" torch $m 2>&1 | record "torch-$w" || true; fi
@@ -65,6 +67,13 @@ for round in $(seq "$rounds"); do
     if has jax; then "$peers_dir/run" jax $m 2>&1 | record "jax-$w" || true; fi
     if has tf; then "$peers_dir/run" tf $m 2>&1 | record "tf-$w" || true; fi
   done
+}
+
+for round in $(seq "$rounds"); do
+  echo "bench_peers: round $round/$rounds" >&2
+  # lbbsp first in odd rounds, last in even ones: the host's slow phases last minutes, so a fixed
+  # order would hand them to the same side every round.
+  if [ $((round % 2)) = 1 ]; then run_lbbsp; run_peers; else run_peers; run_lbbsp; fi
   "$bin" bench gemm 2>&1 | record_gemm lbbsp || true
   if has numpy; then
     "$peers_dir/run" numpy-gemm 2>&1 | record_gemm numpy || true
