@@ -33,6 +33,13 @@ pub enum Error {
     /// A checkpoint or weights file is missing, damaged, or was written for another model.
     #[error("{path}: {msg}")]
     Checkpoint { path: PathBuf, msg: String },
+    /// The training loss became NaN or infinite: every later step would be wasted.
+    #[error(
+        "training diverged at iteration {iter}: the loss is {loss} at learning rate {lr}; lower `optimizer.lr`, \
+         set `optimizer.clip_grad_norm`, or raise `train.global_batch` (the metrics up to this iteration are \
+         written; no checkpoint is written for it)"
+    )]
+    Diverged { iter: usize, loss: f64, lr: f32 },
 }
 
 impl Error {

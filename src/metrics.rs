@@ -16,7 +16,9 @@ pub struct IterRecord {
     /// Wall-clock start of the iteration on rank 0, seconds since the UNIX epoch.
     pub unix_s: f64,
     pub epoch: usize,
-    /// Mean training loss over the global batch.
+    /// Mean training loss over the global batch (JSON has no NaN: a diverged iteration's loss is
+    /// written as `null` and read back as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
     pub lr: f32,
     /// Samples in the global batch (B, or fewer on an epoch's last iteration).
@@ -40,6 +42,11 @@ pub struct IterRecord {
     pub iter_s: f64,
     /// `global_batch / iter_s`.
     pub samples_per_s: f64,
+}
+
+/// Reads a number that serde_json wrote as `null` because it was NaN or infinite, as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Evaluation on the test split.

@@ -23,7 +23,7 @@ use crate::balance::{Balancer, Observation};
 use crate::checkpoint::{self, Progress, Snapshot};
 use crate::comm::Communicator;
 use crate::dataset::{Dataset, Splits};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fused::SgdStep;
 use crate::layers::Mode;
 use crate::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
@@ -135,6 +135,9 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let started = Instant::now();
 
     let mut obs: Vec<Observation> = Vec::with_capacity(world);
+    // (iteration, loss, lr) of a non-finite loss: the same on every rank (the loss is summed from the
+    // gathered stats), so all ranks stop together.
+    let mut diverged: Option<(usize, f64, f32)> = None;
     'epochs: for epoch in start.epoch..cfg.epochs {
         let plan = EpochPlan::new(n, cfg.global_batch, cfg.seed, epoch as u64);
         let first = if epoch == start.epoch { start.batch_in_epoch } else { 0 };
@@ -203,6 +206,9 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             let iter_s = t_iter.elapsed().as_secs_f64();
             train_s += iter_s;
             let loss = sync.stats.iter().map(|s| s.loss_sum).sum::<f64>() / batch.len() as f64;
+            if !loss.is_finite() {
+                diverged = Some((iter, loss, lr));
+            }
             epoch_loss.0 += loss;
             epoch_loss.1 += 1;
             records.push(IterRecord {
@@ -224,6 +230,9 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             bar.set_position(iter as u64 + 1);
             if !bar.is_hidden() {
                 bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
+            }
+            if diverged.is_some() {
+                break 'epochs;
             }
             iter += 1;
             pos = (epoch, t + 1);
@@ -255,7 +264,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         pos = (epoch + 1, 0);
     }
     bar.finish_and_clear();
-    if iter > start.step && last_saved != Some(iter) {
+    if diverged.is_none() && iter > start.step && last_saved != Some(iter) {
         save(&progress_at(iter, pos, epoch_loss, &evals), &model, &mut opt, &balancer)?;
     }
 
@@ -267,6 +276,9 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             w.write(r)?;
         }
         w.flush()?;
+    }
+    if let Some((iter, loss, lr)) = diverged {
+        return Err(Error::Diverged { iter, loss, lr });
     }
     if evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
         evals.push(evaluate(&mut model, &data.test, comm, epochs_run.saturating_sub(1)));

@@ -88,3 +88,16 @@ fn fetch_from_mirror_then_verify() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("digits"));
     lbbsp_ok(0, &["data", "verify", "digits", "--data-dir", dir.to_str().unwrap()]);
 }
+
+/// A loss that turns NaN stops the run with the fix named, the metrics up to it written.
+#[test]
+fn diverging_training_stops_naming_the_fix_and_keeps_the_metrics() {
+    let dir = scratch("diverge");
+    let m = dir.join("m.jsonl");
+    let args = ["train", "digits-mlp", "-q", "--set", "optimizer.lr=1e4", "--metrics", m.to_str().unwrap()];
+    fails_with(&args, None, &["diverged at iteration", "optimizer.lr", "optimizer.clip_grad_norm"]);
+    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let last = records.last().expect("the iterations up to the divergence are in the metrics");
+    assert!(!last.loss.is_finite(), "the last record is the diverged iteration: {}", last.loss);
+    assert!(records[..records.len() - 1].iter().all(|r| r.loss.is_finite()));
+}

@@ -75,6 +75,21 @@ fn impossible_batch_fails_cleanly_under_mpirun() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A diverging run stops on every rank at the same iteration (the loss is summed from the gathered
+/// stats), with the fix named and the metrics up to it written, not a hang.
+#[test]
+fn diverging_training_stops_every_rank_under_mpirun() {
+    let dir = scratch("diverge-mpi");
+    let m = dir.join("m.jsonl");
+    let out = lbbsp(2, &["train", "digits-mlp", "-q", "--set", "optimizer.lr=1e4", "--metrics", m.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("diverged at iteration") && err.contains("optimizer.lr"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let records = lbbsp::metrics::read_records(&m).unwrap();
+    assert!(records.last().is_some_and(|r| !r.loss.is_finite() && r.batch_sizes.len() == 2), "{records:?}");
+}
+
 /// MPI_Allreduce, the ring and the shared window, and the loop's reduce-scatter + all-gather (on the
 /// window: growing it twice), give exact sums on 2 and 3 ranks (`lbbsp bench allreduce` checks every
 /// result and fails on a wrong one).
