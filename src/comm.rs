@@ -216,7 +216,7 @@ impl Mpi {
 
     /// How algorithm `a` sums a `len`-float buffer (collective: it may allocate the shared window).
     fn path(&self, a: Allreduce, len: usize) -> Path {
-        if a == Allreduce::Mpi || self.world_size() == 1 || len < ring::RING_MIN_FLOATS {
+        if self.sums_whole(a, len) {
             return Path::Whole;
         }
         if a == Allreduce::Ring || self.window_failed.get() || self.node.size() != self.world.size() {
@@ -256,6 +256,12 @@ impl Mpi {
             }
         }
         Path::Shared
+    }
+
+    /// Whether algorithm `a` sums a `len`-float buffer whole (`MPI_Allreduce`, or nothing on one
+    /// rank) rather than in a reduce-scatter and an all-gather (local: allocates nothing).
+    fn sums_whole(&self, a: Allreduce, len: usize) -> bool {
+        a == Allreduce::Mpi || self.world_size() == 1 || len < ring::RING_MIN_FLOATS
     }
 
     /// Whether `ok` holds on every rank (collective).
@@ -333,7 +339,7 @@ impl Communicator for Mpi {
         }
     }
     fn scatters(&self, len: usize) -> bool {
-        self.allreduce != Allreduce::Mpi && self.world_size() > 1 && len >= ring::RING_MIN_FLOATS
+        !self.sums_whole(self.allreduce, len)
     }
 }
 

@@ -351,7 +351,8 @@ fn bench_gemm(args: &BenchArgs) -> Result<()> {
 fn bench_allreduce(comm: &Mpi, args: &BenchArgs) -> Result<()> {
     let rows = lbbsp::bench::allreduce(comm, &[4096, 61_706, 535_818], args.reps)?;
     if comm.rank() == 0 {
-        let (algo, name) = (comm.allreduce(), comm.allreduce().name());
+        let algo = comm.allreduce();
+        let name = algo.name();
         for r in rows {
             println!(
                 "RESULT allreduce ranks={} floats={} mpi_us={:.1} ring_us={:.1} shm_us={:.1} lbbsp={name} \
