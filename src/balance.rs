@@ -79,7 +79,12 @@ impl Default for BalanceConfig {
             b_max: None,
             forgetting: 0.9,
             slope_forgetting: 0.995,
-            outlier: 0.25,
+            // A co-located job often slows a rank by 15–25%; beyond 25% only, such a change fell
+            // in the Huber band and was learned over ~15 iterations (or, straddling 25%, kept
+            // restarting its confirmation). 12 paired runs of the slowed-rank share test: 5 of 24
+            // runs left the band at 0.25 (two failed their repeat too), 1 of 24 at 0.15; the
+            // interference benchmark's throughput and recovery unchanged.
+            outlier: 0.15,
             dead_band: 0.002,
             confirm_iters: 3,
             warmup_iters: 5,
@@ -539,6 +544,22 @@ mod tests {
         assert!((f.line().unwrap().at(64) - 0.064).abs() < 1e-9, "two in a row are not yet a change");
         f.observe(64, 0.192, &cfg);
         assert!((f.line().unwrap().at(64) - 0.192).abs() < 1e-6);
+    }
+
+    /// A persistent 20% slowdown (a typical co-located job) is adopted after `confirm_iters`
+    /// iterations, not learned gradually over many.
+    #[test]
+    fn a_moderate_persistent_slowdown_is_adopted_after_confirmation() {
+        let cfg = BalanceConfig::default();
+        let mut f = RankFit::default();
+        for _ in 0..8 {
+            f.observe(64, 0.064, &cfg);
+        }
+        for _ in 0..cfg.confirm_iters {
+            f.observe(64, 0.0768, &cfg);
+        }
+        let t = f.line().unwrap().at(64);
+        assert!((t / 0.0768 - 1.0).abs() < 0.01, "predicts {t} s after {} slow iterations", cfg.confirm_iters);
     }
 
     #[test]

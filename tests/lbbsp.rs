@@ -18,7 +18,8 @@ use lbbsp::metrics::read_records;
 /// Such a jump can still outlast the window, or, just before iteration 30, delay the confirmation
 /// of the slowdown, so a run whose sizes move late or leave the band is repeated once (before the
 /// balancer held back a speed burst that coincides with a size change, about one first run in four
-/// left the band, and one run in ~15 failed both; since, 34 of 34 first runs held it):
+/// left the band, and one run in ~15 failed both; on a noisy day with the outlier band at 25%, 5 of
+/// 24 first runs and 2 repeats; at 15%, 1 of 24 and none):
 /// the claim is that the balancer holds the share, and a second independent run holding it shows
 /// that, while a balancer that does not hold it fails both.
 fn slowed_rank_reaches_its_share(ranks: usize) {
