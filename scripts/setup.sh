@@ -10,7 +10,17 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
 command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 || missing+=(openmpi-bin libopenmpi-dev)
-ldconfig -p 2>/dev/null | grep -q 'libclang' || missing+=(libclang-dev)
+# mpi-sys runs bindgen, which loads libclang.so or libclang-N.so (never libclang-cpp, which many
+# images ship with their LLVM) and needs clang's builtin headers (stddef.h) next to it.
+have_libclang() {
+  if [ -n "${LIBCLANG_PATH:-}" ]; then
+    compgen -G "$LIBCLANG_PATH/libclang.so*" >/dev/null || compgen -G "$LIBCLANG_PATH/libclang-[0-9]*.so*" >/dev/null
+    return
+  fi
+  ldconfig -p 2>/dev/null | grep -Eq '/libclang(-[0-9.]+)?\.so[0-9.]*$' || return 1
+  compgen -G '/usr/lib/llvm-*/lib/clang/*/include/stddef.h' >/dev/null
+}
+have_libclang || missing+=(libclang-dev)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
