@@ -42,6 +42,17 @@ pub enum Policy {
     ProportionalEpoch,
 }
 
+impl Policy {
+    /// The name the recipe uses (`balance.policy`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Bsp => "bsp",
+            Policy::Lbbsp => "lbbsp",
+            Policy::ProportionalEpoch => "proportional-epoch",
+        }
+    }
+}
+
 /// The recipe's `[balance]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -12,9 +12,10 @@
 //!
 //! over contiguous runs of `p`, the columns `x ≥ W'` of each row computing values that are thrown
 //! away (and, in `∂y`, held at zero). [`Direct`] holds that geometry and runs one sample through
-//! it. The loops run on register tiles of fixed width, which the compiler turns into AVX-512 FMAs in
-//! the copies compiled for CPUs that have it (detected at run time), plain `mul_add` elsewhere.
+//! it. The loops run on register tiles of fixed width, written once and compiled per tier
+//! ([`crate::isa`]): AVX-512 or AVX2 FMAs, or separate multiplies and adds on the portable tier.
 
+use crate::isa::{madd, Isa};
 use crate::layers::grow;
 
 /// Shape of the register tile of [`correlate`]: `P` output planes × `CH` positions, eight 16-lane
@@ -276,18 +277,19 @@ impl Direct {
 
 /// `dst[offs[t] + p] += planes[t·stride + p]` for every tap `t` and `p < len`, taps in order.
 pub fn add_planes(dst: &mut [f32], planes: &[f32], stride: usize, offs: &[usize], len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F and FMA (checked at run time).
-        return unsafe { add_planes_avx512(dst, planes, stride, offs, len) };
-    }
-    add_planes_body(dst, planes, stride, offs, len)
+    add_planes_on(Isa::active(), dst, planes, stride, offs, len)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn add_planes_avx512(dst: &mut [f32], planes: &[f32], stride: usize, offs: &[usize], len: usize) {
-    add_planes_body(dst, planes, stride, offs, len)
+fn add_planes_on(isa: Isa, dst: &mut [f32], planes: &[f32], stride: usize, offs: &[usize], len: usize) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the tier's features were detected at run time.
+        Isa::Avx512 => unsafe { avx512::add_planes(dst, planes, stride, offs, len) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::add_planes(dst, planes, stride, offs, len) },
+        _ => add_planes_body(dst, planes, stride, offs, len),
+    }
 }
 
 #[inline(always)]
@@ -311,13 +313,24 @@ fn tile_weights(planes: usize, n: usize, taps: usize, w: impl Fn(usize, usize) -
 /// in `out`: `out[j][p] = Σ_t w[t][j] · src[offs[t] + p]`, the taps summed in order. `w` holds, per
 /// tile, `offs.len()` rows of `tile.planes()` weights. Panics if a tap reads past `src`.
 pub fn correlate(tile: Tile, out: &mut [f32], len: usize, src: &[f32], offs: &[usize], w: &[f32]) {
+    correlate_on(Isa::active(), tile, out, (len, src, offs), w)
+}
+
+fn correlate_on(isa: Isa, tile: Tile, out: &mut [f32], (len, src, offs): (usize, &[f32], &[usize]), w: &[f32]) {
     assert!(len.is_multiple_of(tile.width()) && w.len() * len == out.len() * offs.len(), "correlate: shapes");
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F and FMA (checked at run time).
-        return unsafe { correlate_avx512(tile, out, len, src, offs, w) };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the tier's features were detected at run time.
+        Isa::Avx512 => unsafe { avx512::correlate(tile, out, len, src, offs, w) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::correlate(tile, out, len, src, offs, w) },
+        // Eight 4-lane accumulators.
+        _ => match tile {
+            Tile::Pairs => correlate_body::<false, 2, 16>(out, len, src, offs, w),
+            Tile::Quads => correlate_body::<false, 4, 8>(out, len, src, offs, w),
+        },
     }
-    correlate_tiles(tile, out, len, src, offs, w)
 }
 
 /// `count` runs of floats spaced `stride` apart in `data`: one per sample of a task.
@@ -333,43 +346,59 @@ pub struct Runs<'a> {
 /// lane-wise partial dot products (`acc` is `2 × offs.len()`), reduced over the lanes by the caller.
 /// `len` is a multiple of [`LANES`], `offs.len()` of [`GROUP`].
 pub fn dot_lanes(acc: &mut [[f32; LANES]], a: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
+    dot_lanes_on(Isa::active(), acc, a, len, src, offs)
+}
+
+fn dot_lanes_on(isa: Isa, acc: &mut [[f32; LANES]], a: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
     let ok = len.is_multiple_of(LANES) && acc.len() == 2 * offs.len() && offs.len().is_multiple_of(GROUP);
     assert!(ok && a[0].count == src.count && a[1].count == src.count, "dot_lanes: shapes");
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F and FMA (checked at run time).
-        return unsafe { dot_lanes_avx512(acc, a, len, src, offs) };
-    }
-    dot_lanes_body(acc, a, len, src, offs)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn correlate_avx512(tile: Tile, out: &mut [f32], len: usize, src: &[f32], offs: &[usize], w: &[f32]) {
-    correlate_tiles(tile, out, len, src, offs, w)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn dot_lanes_avx512(acc: &mut [[f32; LANES]], a: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
-    dot_lanes_body(acc, a, len, src, offs)
-}
-
-#[inline(always)]
-fn correlate_tiles(tile: Tile, out: &mut [f32], len: usize, src: &[f32], offs: &[usize], w: &[f32]) {
-    match tile {
-        Tile::Pairs => correlate_body::<2, 64>(out, len, src, offs, w),
-        Tile::Quads => correlate_body::<4, 32>(out, len, src, offs, w),
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the tier's features were detected at run time.
+        Isa::Avx512 => unsafe { avx512::dot_lanes(acc, a, len, src, offs) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::dot_lanes(acc, a, len, src, offs) },
+        _ => dot_lanes_body::<false, 1>(acc, a, len, src, offs),
     }
 }
 
+/// The kernels compiled for one x86-64 tier, with register tiles of eight of its vectors: `CH` of
+/// [`correlate_body`] is 4 (pairs) or 2 (quads) vectors, and [`dot_lanes_body`] holds `G` taps of
+/// two planes (a tap's 16 lane partials take one zmm or two ymm).
+macro_rules! tier {
+    ($name:ident, $features:literal, $vec:literal, $g:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $name {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn add_planes(dst: &mut [f32], planes: &[f32], stride: usize, offs: &[usize], len: usize) {
+                add_planes_body(dst, planes, stride, offs, len)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn correlate(tile: Tile, out: &mut [f32], len: usize, src: &[f32], offs: &[usize], w: &[f32]) {
+                match tile {
+                    Tile::Pairs => correlate_body::<true, 2, { 4 * $vec }>(out, len, src, offs, w),
+                    Tile::Quads => correlate_body::<true, 4, { 2 * $vec }>(out, len, src, offs, w),
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dot_lanes(acc: &mut [[f32; LANES]], a: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
+                dot_lanes_body::<true, $g>(acc, a, len, src, offs)
+            }
+        }
+    };
+}
+tier!(avx512, "avx512f,fma", 16, 8);
+tier!(avx2, "avx2,fma", 8, 2);
+
+/// `CH` positions of `P` planes per register tile; `CH` divides every tile width, so the layout
+/// (widths of [`Tile`]) is the same on every tier and only the register blocking differs.
 #[inline(always)]
-fn correlate_body<const P: usize, const CH: usize>(
+fn correlate_body<const FMA: bool, const P: usize, const CH: usize>(
     out: &mut [f32],
     len: usize,
     src: &[f32],
@@ -383,7 +412,7 @@ fn correlate_body<const P: usize, const CH: usize>(
                 let s: &[f32; CH] = src[off + p..off + p + CH].try_into().expect("a chunk");
                 for j in 0..P {
                     for l in 0..CH {
-                        acc[j][l] = w[j].mul_add(s[l], acc[j][l]);
+                        acc[j][l] = madd::<FMA>(w[j], s[l], acc[j][l]);
                     }
                 }
             }
@@ -394,30 +423,38 @@ fn correlate_body<const P: usize, const CH: usize>(
     }
 }
 
+/// [`dot_lanes`] taking `G` taps (dividing [`GROUP`]) at a time: every partial is the same sum in
+/// the same order whatever `G`.
 #[inline(always)]
-fn dot_lanes_body(acc: &mut [[f32; LANES]], [a0, a1]: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
+fn dot_lanes_body<const FMA: bool, const G: usize>(
+    acc: &mut [[f32; LANES]],
+    [a0, a1]: [Runs; 2],
+    len: usize,
+    src: Runs,
+    offs: &[usize],
+) {
     let (acc0, acc1) = acc.split_at_mut(offs.len());
-    let groups = acc0.chunks_exact_mut(GROUP).zip(acc1.chunks_exact_mut(GROUP)).zip(offs.chunks_exact(GROUP));
+    let groups = acc0.chunks_exact_mut(G).zip(acc1.chunks_exact_mut(G)).zip(offs.chunks_exact(G));
     for ((acc0, acc1), offs) in groups {
-        let acc0: &mut [[f32; LANES]; GROUP] = acc0.try_into().expect("a group");
-        let acc1: &mut [[f32; LANES]; GROUP] = acc1.try_into().expect("a group");
+        let acc0: &mut [[f32; LANES]; G] = acc0.try_into().expect("a group");
+        let acc1: &mut [[f32; LANES]; G] = acc1.try_into().expect("a group");
         let (mut t0, mut t1) = (*acc0, *acc1);
         for n in 0..src.count {
             let (a0, a1) = (&a0.data[n * a0.stride..][..len], &a1.data[n * a1.stride..][..len]);
             // Filled by a loop rather than `array::from_fn`, which stays a call: every accumulator
             // would be spilled around it, once per sample.
-            let mut srcs: [&[f32]; GROUP] = [&[]; GROUP];
+            let mut srcs: [&[f32]; G] = [&[]; G];
             for (s, &off) in srcs.iter_mut().zip(offs) {
                 *s = &src.data[n * src.stride + off..][..len];
             }
             for (j, (a0, a1)) in a0.chunks_exact(LANES).zip(a1.chunks_exact(LANES)).enumerate() {
                 let a0: &[f32; LANES] = a0.try_into().expect("a vector");
                 let a1: &[f32; LANES] = a1.try_into().expect("a vector");
-                for g in 0..GROUP {
+                for g in 0..G {
                     let s: &[f32; LANES] = srcs[g][j * LANES..(j + 1) * LANES].try_into().expect("a vector");
                     for l in 0..LANES {
-                        t0[g][l] = a0[l].mul_add(s[l], t0[g][l]);
-                        t1[g][l] = a1[l].mul_add(s[l], t1[g][l]);
+                        t0[g][l] = madd::<FMA>(a0[l], s[l], t0[g][l]);
+                        t1[g][l] = madd::<FMA>(a1[l], s[l], t1[g][l]);
                     }
                 }
             }
@@ -451,36 +488,56 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
+    /// Every tier against f64 loops; the tiers with FMA give the same bits (the same fused
+    /// operations in the same order, only the register blocking differs).
     #[test]
-    fn kernels_match_scalar_loops() {
+    fn kernels_match_scalar_loops_on_every_tier() {
         let mut rng = Rng::from_keys(&[9]);
         let src: Vec<f32> = (0..3 * 64 + 40).map(|_| rng.uniform(1.0)).collect();
         let offs: Vec<usize> = (0..11).map(|t| (t * 7) % 40).collect();
-        for tile in [Tile::Pairs, Tile::Quads] {
-            let (planes, len) = (2 * tile.planes(), 3 * 64);
-            let w: Vec<f32> = (0..planes * offs.len()).map(|_| rng.uniform(1.0)).collect();
-            let mut out = vec![f32::NAN; planes * len];
-            correlate(tile, &mut out, len, &src, &offs, &w);
-            for (i, &v) in out.iter().enumerate() {
-                let (j, p) = (i / len, i % len);
-                let (first, jj) = (j / tile.planes() * tile.planes(), j % tile.planes());
-                let wt = |t: usize| w[(first * offs.len()) + t * tile.planes() + jj] as f64;
-                let want: f64 = offs.iter().enumerate().map(|(t, &o)| wt(t) * src[o + p] as f64).sum();
-                assert!((v as f64 - want).abs() < 1e-5, "{tile:?} plane {j} [{p}]: {v} vs {want}");
+        let mut fused: Vec<Vec<f32>> = vec![];
+        for isa in Isa::available() {
+            let mut outs = vec![];
+            for tile in [Tile::Pairs, Tile::Quads] {
+                let (planes, len) = (2 * tile.planes(), 3 * 64);
+                let w: Vec<f32> = (0..planes * offs.len()).map(|t| ((t * 37 % 23) as f32 - 11.0) / 7.0).collect();
+                let mut out = vec![f32::NAN; planes * len];
+                correlate_on(isa, tile, &mut out, (len, &src, &offs), &w);
+                for (i, &v) in out.iter().enumerate() {
+                    let (j, p) = (i / len, i % len);
+                    let (first, jj) = (j / tile.planes() * tile.planes(), j % tile.planes());
+                    let wt = |t: usize| w[(first * offs.len()) + t * tile.planes() + jj] as f64;
+                    let want: f64 = offs.iter().enumerate().map(|(t, &o)| wt(t) * src[o + p] as f64).sum();
+                    assert!((v as f64 - want).abs() < 1e-5, "{isa} {tile:?} plane {j} [{p}]: {v} vs {want}");
+                }
+                outs.extend(out);
+            }
+            let n = 5 * LANES;
+            let a: Vec<f32> = (0..2 * n).map(|t| ((t * 29 % 31) as f32 - 15.0) / 9.0).collect();
+            let offs: Vec<usize> = (0..2 * GROUP).map(|t| (t * 13) % 90).collect();
+            let mut acc = vec![[1.0f32; LANES]; 2 * offs.len()];
+            let one = |data| Runs { data, stride: 0, count: 1 };
+            dot_lanes_on(isa, &mut acc, [one(&a[..n]), one(&a[n..])], n, one(&src), &offs);
+            for (i, a) in a.chunks_exact(n).enumerate() {
+                for (t, &o) in offs.iter().enumerate() {
+                    let dot: f64 = a.iter().enumerate().map(|(p, &v)| v as f64 * src[o + p] as f64).sum();
+                    let got = sum_lanes(&acc[i * offs.len() + t]) as f64;
+                    assert!((got - LANES as f64 - dot).abs() < 1e-4, "{isa} dot_lanes[{i}][{t}]: {got} vs {dot}");
+                }
+            }
+            outs.extend(acc.iter().flatten());
+            let mut dst = vec![0.5f32; 200];
+            add_planes_on(isa, &mut dst, &src[..3 * 64], 64, &[0, 7, 100], 50);
+            for (i, &d) in dst.iter().enumerate() {
+                let want: f32 = 0.5 + [0, 7, 100].iter().enumerate().filter(|(_, &o)| (o..o + 50).contains(&i)).map(|(t, &o)| src[t * 64 + i - o]).sum::<f32>();
+                assert!((d - want).abs() < 1e-6, "{isa} add_planes[{i}]: {d} vs {want}");
+            }
+            if isa != Isa::Portable {
+                fused.push(outs);
             }
         }
-        let n = 5 * LANES;
-        let a: Vec<f32> = (0..2 * n).map(|_| rng.uniform(1.0)).collect();
-        let offs: Vec<usize> = (0..2 * GROUP).map(|t| (t * 13) % 90).collect();
-        let mut acc = vec![[1.0f32; LANES]; 2 * offs.len()];
-        let one = |data| Runs { data, stride: 0, count: 1 };
-        dot_lanes(&mut acc, [one(&a[..n]), one(&a[n..])], n, one(&src), &offs);
-        for (i, a) in a.chunks_exact(n).enumerate() {
-            for (t, &o) in offs.iter().enumerate() {
-                let dot: f64 = a.iter().enumerate().map(|(p, &v)| v as f64 * src[o + p] as f64).sum();
-                let got = sum_lanes(&acc[i * offs.len() + t]) as f64;
-                assert!((got - LANES as f64 - dot).abs() < 1e-4, "dot_lanes[{i}][{t}]: {got} vs {dot}");
-            }
+        for other in fused.iter().skip(1) {
+            assert!(other == &fused[0], "the FMA tiers disagree");
         }
     }
 }

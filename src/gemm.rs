@@ -2,21 +2,25 @@
 //!
 //! Row-major `C (m×n) = alpha · op(A) · op(B) + beta · C`, where `op` optionally transposes.
 //!
-//! On x86-64 CPUs with AVX-512 (detected at run time) the product runs on lbbsp's own packed
-//! kernel: `op(B)` is packed into 32-column panels and `op(A)` into 12-row panels (`src/pack.rs`; the transposes
-//! happen during packing), and a 12×32 register tile (24 zmm accumulators, broadcast A times loaded B)
-//! is updated per `k` step. Columns of `C` are split over the [`team`] in 32-aligned chunks (rows
-//! when `C` is narrow), each thread packing into its own reused buffers, so a steady-state call
-//! allocates nothing. `A·Bᵀ` with both operands row-major (a fully connected layer's forward pass)
-//! skips the packing: `src/dot.rs` takes dot products of their contiguous rows. Elsewhere
-//! `matrixmultiply`'s kernels do the work, split the same way.
+//! Every tier ([`crate::isa`]) runs the same blocked product: `op(B)` is packed into `NR`-column
+//! panels and `op(A)` into `MR`-row panels (the transposes happen during packing), and an `MR×NR`
+//! register tile (broadcast A times loaded B) is updated per `k` step. The tile is 12×32 on
+//! AVX-512 (24 zmm accumulators), 6×16 on AVX2 (12 ymm) and 4×8 on the portable tier (8 vectors of
+//! 4), so that the accumulators and one row of B fill the tier's registers without spilling.
+//! Columns of `C` are split over the [`team`] in `NR`-aligned chunks (rows when `C` is narrow),
+//! each thread packing into its own reused buffers, so a steady-state call allocates nothing. On
+//! AVX-512 the packing uses register transposes (`src/pack.rs`), the tile prefetches what its
+//! epilogue touches and can apply an SGD step in place of storing, and `A·Bᵀ` with both operands
+//! row-major (a fully connected layer's forward pass) skips the packing: `src/dot.rs` takes dot
+//! products of their contiguous rows.
 //!
 //! Each element of `C` is the same sum in the same order whatever the thread count or the other rows
 //! of `A`: the reduction over `k` is blocked identically for every tile.
 
 #[cfg(target_arch = "x86_64")]
 use crate::dot;
-use crate::fused::{apply_rows, SgdStep, Update};
+use crate::fused::{SgdStep, Update};
+use crate::isa::Isa;
 use crate::team;
 
 /// Whether an operand is used as stored or transposed.
@@ -50,7 +54,24 @@ pub fn gemm(
     beta: f32,
     c: &mut [f32],
 ) {
-    product(ta, tb, (m, n, k), alpha, a, b, beta, c, None);
+    product(Isa::active(), ta, tb, (m, n, k), alpha, a, b, beta, c, None);
+}
+
+/// [`gemm`] on a given tier (which the CPU must support), whatever tier the process uses: for
+/// tests and benchmarks that compare tiers.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_on(
+    isa: Isa,
+    (ta, tb): (Trans, Trans),
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(isa.supported(), "gemm_on: this CPU cannot run the {isa} tier");
+    product(isa, ta, tb, (m, n, k), alpha, a, b, beta, c, None);
 }
 
 /// `G = op(A)·op(B)` taken at once as the gradient of the parameters `p` (laid out like `G`, `m×n`
@@ -71,11 +92,12 @@ pub(crate) fn gemm_sgd(
 ) {
     assert!(p.len() == m * n && v.len() == m * n, "gemm_sgd: parameters and velocity must be {m}×{n}");
     let upd = Update { p: p.as_mut_ptr(), v: v.as_mut_ptr(), step };
-    product(ta, tb, (m, n, k), 1.0, a, b, 0.0, g, Some(upd));
+    product(Isa::active(), ta, tb, (m, n, k), 1.0, a, b, 0.0, g, Some(upd));
 }
 
 #[allow(clippy::too_many_arguments)]
 fn product(
+    isa: Isa,
     ta: Trans,
     tb: Trans,
     (m, n, k): (usize, usize, usize),
@@ -100,7 +122,7 @@ fn product(
         Trans::N => View { data: b, rs: n, cs: 1 },
         Trans::T => View { data: b, rs: 1, cs: k },
     };
-    let engine = Engine::detect();
+    let engine = Engine::of(isa);
     prepare_callers();
     let threads = if m * n * k < 1 << 17 { 1 } else { rayon::current_num_threads().min(team::size()) };
     let cptr = SendPtr(c.as_mut_ptr());
@@ -122,7 +144,7 @@ fn product(
         });
     }
     let prefer = if upd.is_some() && m * n >= WEIGHTS_WORTH_KEEPING { Prefer::Rows } else { Prefer::Tiles };
-    split(m, n, threads, ((MR, NR), prefer), &|i0, rows, j0, cols| unsafe {
+    split(m, n, threads, (engine.tile(), prefer), &|i0, rows, j0, cols| unsafe {
         let upd = upd.map(|u| u.at(i0 * n + j0));
         engine.run(rows, cols, k, alpha, av, bv, beta, cptr.get().add(i0 * n + j0), n, i0, j0, upd)
     });
@@ -185,38 +207,54 @@ impl SendPtr {
     }
 }
 
-/// Rows of the register tile (broadcast from packed A).
+/// Rows of the AVX-512 register tile (broadcast from packed A).
 pub(crate) const MR: usize = 12;
-/// Columns of the register tile (two 16-lane vectors of packed B).
+/// Columns of the AVX-512 register tile (two 16-lane vectors of packed B).
 pub(crate) const NR: usize = 32;
-/// Depth of one packed block: a 12×KC panel of A and a KC×32 panel of B stay in L1 together.
+/// Depth of one packed block: an MR×KC panel of A and a KC×NR panel of B stay in L1 together.
 const KC: usize = 256;
-/// Rows of A packed at once (L2-resident).
+/// Rows of A packed at once (L2-resident; a multiple of every tier's MR).
 const MC: usize = 144;
-/// Columns of B packed at once.
+/// Columns of B packed at once (a multiple of every tier's NR).
 const NC: usize = 1024;
 
+/// The GEMM of one tier.
 #[derive(Clone, Copy)]
 enum Engine {
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     Portable,
 }
 
+/// Register tiles of the generic engines: `MR` rows × `NV` vectors.
+#[cfg(target_arch = "x86_64")]
+const AVX2_TILE: (usize, usize) = (6, 2);
+const PORTABLE_TILE: (usize, usize) = (4, 2);
+
 impl Engine {
-    /// AVX-512 when the CPU has it, unless `LBBSP_GEMM=portable` asks for the fallback (read once).
-    fn detect() -> Engine {
-        static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
-        *ENGINE.get_or_init(|| {
+    fn of(isa: Isa) -> Engine {
+        match isa {
             #[cfg(target_arch = "x86_64")]
-            {
-                let portable = std::env::var("LBBSP_GEMM").is_ok_and(|v| v == "portable");
-                if !portable && std::arch::is_x86_feature_detected!("avx512f") {
-                    return Engine::Avx512;
-                }
+            Isa::Avx512 => Engine::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Engine::Avx2,
+            _ => Engine::Portable,
+        }
+    }
+
+    /// Rows × columns of the register tile.
+    fn tile(self) -> (usize, usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Engine::Avx512 => (MR, NR),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Avx2 => (AVX2_TILE.0, AVX2_TILE.1 * <crate::isa::Avx2 as crate::isa::Simd>::LANES),
+            Engine::Portable => {
+                (PORTABLE_TILE.0, PORTABLE_TILE.1 * <crate::isa::Portable as crate::isa::Simd>::LANES)
             }
-            Engine::Portable
-        })
+        }
     }
 
     /// The block of C at rows `i0..i0+m`, columns `j0..j0+n` of the whole product; `c` points at
@@ -248,30 +286,24 @@ impl Engine {
             // SAFETY: AVX-512F was detected at run time.
             Engine::Avx512 => PACK
                 .with_borrow_mut(|p| unsafe { avx512::run(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0), upd) }),
-            Engine::Portable => {
-                // SAFETY: the views describe op(A) rows i0.., op(B) columns j0.. inside their slices;
-                // the C block (m rows of n columns at stride ldc) lies inside `c`.
-                unsafe {
-                    matrixmultiply::sgemm(
-                        m,
-                        k,
-                        n,
-                        alpha,
-                        a.data.as_ptr().add(i0 * a.rs),
-                        a.rs as isize,
-                        a.cs as isize,
-                        b.data.as_ptr().add(j0 * b.cs),
-                        b.rs as isize,
-                        b.cs as isize,
-                        beta,
-                        c,
-                        ldc as isize,
-                        1,
-                    )
-                }
-                // SAFETY: as for the product, the caller's contract.
-                unsafe { apply_rows(upd, c, ldc, m, n) }
-            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 and FMA were detected at run time.
+            Engine::Avx2 => PACK.with_borrow_mut(|p| unsafe {
+                tiled::run_avx2(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0), upd)
+            }),
+            Engine::Portable => PACK.with_borrow_mut(|p| unsafe {
+                tiled::run::<crate::isa::Portable, { PORTABLE_TILE.0 }, { PORTABLE_TILE.1 }>(
+                    p,
+                    (m, n, k),
+                    alpha,
+                    a,
+                    b,
+                    beta,
+                    (c, ldc),
+                    (i0, j0),
+                    upd,
+                )
+            }),
         }
     }
 }
@@ -296,13 +328,10 @@ thread_local! {
 /// thread and on the [`team`]'s helpers (which call this when they start), so a steady-state call
 /// never allocates, whichever thread takes which block.
 pub fn prepare_thread() {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(Engine::detect(), Engine::Avx512) {
-        PACK.with_borrow_mut(|p| {
-            aligned(&mut p.a, 0, KC * MC);
-            aligned(&mut p.b, 0, KC * NC);
-        })
-    }
+    PACK.with_borrow_mut(|p| {
+        aligned(&mut p.a, 0, KC * MC);
+        aligned(&mut p.b, 0, KC * NC);
+    })
 }
 
 /// [`prepare_thread`] for a [`team`] helper, which never needs to prepare a rayon pool: its GEMM
@@ -338,6 +367,208 @@ fn aligned(v: &mut Vec<f32>, len: usize, cap: usize) -> &mut [f32] {
     }
     let off = v.as_ptr().align_offset(64).min(15);
     &mut v[off..off + len]
+}
+
+/// The blocked product of the AVX2 and portable tiers: one generic body over [`Simd`], its packing
+/// and its register tile, compiled once per tier.
+mod tiled {
+    use super::{aligned, Packed, View, KC, MC, NC};
+    use crate::fused::{apply_rows, Update};
+    use crate::isa::Simd;
+
+    /// [`run`] compiled for AVX2 + FMA.
+    ///
+    /// # Safety
+    /// As [`run`]; the CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run_avx2(
+        pack: &mut Packed,
+        mnk: (usize, usize, usize),
+        alpha: f32,
+        a: View,
+        b: View,
+        beta: f32,
+        c: (*mut f32, usize),
+        at: (usize, usize),
+        upd: Option<Update>,
+    ) {
+        run::<crate::isa::Avx2, { super::AVX2_TILE.0 }, { super::AVX2_TILE.1 }>(pack, mnk, alpha, a, b, beta, c, at, upd)
+    }
+
+    /// The blocked product for one C block (see [`super::Engine::run`]) with an `MR × NV·LANES`
+    /// register tile. With `upd`, the block is finished as C and then applied row by row.
+    ///
+    /// # Safety
+    /// The CPU must support `S`'s tier; `c` must point at `m` rows of `n` columns at stride `ldc`,
+    /// valid for writes and used by no one else during the call.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run<S: Simd, const MR: usize, const NV: usize>(
+        pack: &mut Packed,
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        a: View,
+        b: View,
+        beta: f32,
+        (c, ldc): (*mut f32, usize),
+        (i0, j0): (usize, usize),
+        upd: Option<Update>,
+    ) {
+        let nr = NV * S::LANES;
+        if k == 0 {
+            for r in 0..m {
+                let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
+                row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
+            }
+            return apply_rows(upd, c, ldc, m, n);
+        }
+        // Depth blocks of equal size, as on AVX-512.
+        let kc_max = k.div_ceil(k.div_ceil(KC));
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(nr) * nr), KC * NC);
+        let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR), KC * MC);
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..k).step_by(kc_max) {
+                let kc = kc_max.min(k - pc);
+                pack_b(nr, b, (pc, kc), (j0 + jc, nc), bp);
+                let beta_blk = if pc == 0 { beta } else { 1.0 };
+                for ic in (0..m).step_by(MC) {
+                    let mc = MC.min(m - ic);
+                    pack_a::<MR>(a, (i0 + ic, mc), (pc, kc), ap);
+                    for jr in (0..nc).step_by(nr) {
+                        let cols = nr.min(nc - jr);
+                        let bpan = bp.as_ptr().add(jr * kc);
+                        for ir in (0..mc).step_by(MR) {
+                            let rows = MR.min(mc - ir);
+                            let apan = ap.as_ptr().add(ir * kc);
+                            let cp = c.add((ic + ir) * ldc + jc + jr);
+                            tile::<S, MR, NV>(kc, (apan, bpan), (cp, ldc), (rows, cols), (alpha, beta_blk));
+                        }
+                    }
+                }
+            }
+        }
+        apply_rows(upd, c, ldc, m, n)
+    }
+
+    /// Packs rows `i0..i0+mc` × depth `p0..p0+kc` of op(A) into MR-row panels (`kc·MR` each,
+    /// depth-major, the last one zero-padded).
+    #[inline(always)]
+    fn pack_a<const MR: usize>(a: View, (i0, mc): (usize, usize), (p0, kc): (usize, usize), out: &mut [f32]) {
+        for (pi, panel) in out.chunks_exact_mut(kc * MR).take(mc.div_ceil(MR)).enumerate() {
+            let rows = MR.min(mc - pi * MR);
+            let first = (i0 + pi * MR) * a.rs + p0 * a.cs;
+            if a.cs == 1 {
+                // Rows contiguous over the depth: gather MR of them per depth step.
+                let src: [&[f32]; MR] = std::array::from_fn(|r| &a.data[first + r.min(rows - 1) * a.rs..][..kc]);
+                for (p, out) in panel.chunks_exact_mut(MR).enumerate() {
+                    for r in 0..MR {
+                        out[r] = if r < rows { src[r][p] } else { 0.0 };
+                    }
+                }
+            } else {
+                // Rows adjacent at each depth (a transposed A).
+                for (p, out) in panel.chunks_exact_mut(MR).enumerate() {
+                    let at = first + p * a.cs;
+                    if rows == MR {
+                        out.copy_from_slice(&a.data[at..at + MR]);
+                    } else {
+                        out[..rows].copy_from_slice(&a.data[at..at + rows]);
+                        out[rows..].fill(0.0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Packs depth `p0..p0+kc` × columns `j0..j0+nc` of op(B) into `nr`-column panels (`kc·nr` each,
+    /// depth-major, the last one zero-padded).
+    #[inline(always)]
+    fn pack_b(nr: usize, b: View, (p0, kc): (usize, usize), (j0, nc): (usize, usize), out: &mut [f32]) {
+        for (pj, panel) in out.chunks_exact_mut(kc * nr).take(nc.div_ceil(nr)).enumerate() {
+            let cols = nr.min(nc - pj * nr);
+            let first = p0 * b.rs + (j0 + pj * nr) * b.cs;
+            if b.cs == 1 {
+                for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
+                    let at = first + p * b.rs;
+                    out[..cols].copy_from_slice(&b.data[at..at + cols]);
+                    out[cols..].fill(0.0);
+                }
+            } else {
+                // A transposed B: each column contiguous over the depth, scattered into the panel.
+                for j in 0..nr {
+                    if j < cols {
+                        let src = &b.data[first + j * b.cs..][..kc];
+                        for (p, &v) in src.iter().enumerate() {
+                            panel[p * nr + j] = v;
+                        }
+                    } else {
+                        (0..kc).for_each(|p| panel[p * nr + j] = 0.0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One register tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C). Edge tiles
+    /// compute the whole tile and store their real part with the same arithmetic lane by lane.
+    #[inline(always)]
+    unsafe fn tile<S: Simd, const MR: usize, const NV: usize>(
+        kc: usize,
+        (a, b): (*const f32, *const f32),
+        (c, ldc): (*mut f32, usize),
+        (rows, cols): (usize, usize),
+        (alpha, beta): (f32, f32),
+    ) {
+        let mut acc = [[S::zero(); NV]; MR];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let mut bv = [S::zero(); NV];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = S::load(b.add(v * S::LANES));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let ar = S::splat(*a.add(r));
+                for v in 0..NV {
+                    acc[v] = S::madd(ar, bv[v], acc[v]);
+                }
+            }
+            a = a.add(MR);
+            b = b.add(NV * S::LANES);
+        }
+        let nr = NV * S::LANES;
+        if rows == MR && cols == nr {
+            let (va, vb) = (S::splat(alpha), S::splat(beta));
+            for (r, acc) in acc.iter().enumerate() {
+                for (v, &x) in acc.iter().enumerate() {
+                    let p = c.add(r * ldc + v * S::LANES);
+                    let x = S::mul(va, x);
+                    S::store(p, if beta == 0.0 { x } else { S::madd(vb, S::load(p), x) });
+                }
+            }
+        } else {
+            let mut row = [0.0f32; 64];
+            debug_assert!(nr <= row.len());
+            for (r, acc) in acc.iter().enumerate().take(rows) {
+                for (v, &x) in acc.iter().enumerate() {
+                    S::store(row.as_mut_ptr().add(v * S::LANES), x);
+                }
+                for (j, &x) in row.iter().enumerate().take(cols) {
+                    let p = c.add(r * ldc + j);
+                    let x = alpha * x;
+                    *p = if beta == 0.0 {
+                        x
+                    } else if S::FMA {
+                        beta.mul_add(*p, x)
+                    } else {
+                        beta * *p + x
+                    };
+                }
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -517,7 +748,7 @@ mod tests {
     }
 
     #[test]
-    fn all_transpose_combinations_match_naive() {
+    fn all_transpose_combinations_match_naive_on_every_tier() {
         let mut rng = crate::rng::Rng::from_keys(&[3]);
         for &(m, n, k) in &[
             (1, 1, 1),
@@ -529,24 +760,28 @@ mod tests {
             (9, 11, 16),
             (3, 10, 1024),
             (5, 6, 1025),
+            (4, 0, 3),
+            (6, 5, 0),
         ] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
             let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform(1.0)).collect();
-            for ta in [Trans::N, Trans::T] {
-                for tb in [Trans::N, Trans::T] {
-                    let want = naive(ta, tb, m, n, k, &a, &b);
-                    let mut c = vec![f32::NAN; m * n];
-                    gemm(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
-                    for (x, y) in c.iter().zip(&want) {
-                        assert!((x - y).abs() < 1e-4 * k as f32, "{ta:?}{tb:?} {m}x{n}x{k}: {x} vs {y}");
-                    }
-                    // alpha and beta: C = 0.5·AB + 2·C0.
-                    let mut c = c0.clone();
-                    gemm(ta, tb, m, n, k, 0.5, &a, &b, 2.0, &mut c);
-                    for ((x, y), z) in c.iter().zip(&want).zip(&c0) {
-                        let w = 0.5 * y + 2.0 * z;
-                        assert!((x - w).abs() < 1e-4 * k as f32, "{ta:?}{tb:?} {m}x{n}x{k} beta: {x} vs {w}");
+            for isa in Isa::available() {
+                for ta in [Trans::N, Trans::T] {
+                    for tb in [Trans::N, Trans::T] {
+                        let want = naive(ta, tb, m, n, k, &a, &b);
+                        let mut c = vec![f32::NAN; m * n];
+                        gemm_on(isa, (ta, tb), (m, n, k), 1.0, &a, &b, 0.0, &mut c);
+                        for (x, y) in c.iter().zip(&want) {
+                            assert!((x - y).abs() < 1e-4 * (k as f32).max(1.0), "{isa} {ta:?}{tb:?} {m}x{n}x{k}: {x} vs {y}");
+                        }
+                        // alpha and beta: C = 0.5·AB + 2·C0.
+                        let mut c = c0.clone();
+                        gemm_on(isa, (ta, tb), (m, n, k), 0.5, &a, &b, 2.0, &mut c);
+                        for ((x, y), z) in c.iter().zip(&want).zip(&c0) {
+                            let w = 0.5 * y + 2.0 * z;
+                            assert!((x - w).abs() < 1e-4 * (k as f32).max(1.0), "{isa} {ta:?}{tb:?} {m}x{n}x{k} beta: {x} vs {w}");
+                        }
                     }
                 }
             }
@@ -554,35 +789,27 @@ mod tests {
     }
 
     #[test]
-    fn portable_engine_matches_naive() {
-        let (m, n, k) = (37, 45, 29);
-        let (a, b) = operands(5, m, n, k);
-        let want = naive(Trans::T, Trans::N, m, n, k, &a, &b);
-        let mut c = vec![f32::NAN; m * n];
-        let (av, bv) = (View { data: &a, rs: 1, cs: m }, View { data: &b, rs: n, cs: 1 });
-        // SAFETY: `c` holds the whole m×n product.
-        unsafe { Engine::Portable.run(m, n, k, 1.0, av, bv, 0.0, c.as_mut_ptr(), n, 0, 0, None) };
-        for (x, y) in c.iter().zip(&want) {
-            assert!((x - y).abs() < 1e-4 * k as f32, "{x} vs {y}");
-        }
-    }
-
-    #[test]
-    fn same_bits_whatever_the_thread_count() {
+    fn same_bits_whatever_the_thread_count_on_every_tier() {
         let (m, n, k) = (200, 300, 700);
         let (a, b) = operands(4, m, n, k);
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            let mut c = vec![0.0; m * n];
-            pool.install(|| gemm(Trans::N, Trans::T, m, n, k, 1.0, &a, &b, 0.0, &mut c));
-            c
-        };
-        let one = run(1);
-        assert_eq!(one, run(2));
-        assert_eq!(one, run(3));
-        // A row of C does not depend on the other rows of A.
-        let mut c1 = vec![0.0; n];
-        gemm(Trans::N, Trans::T, 1, n, k, 1.0, &a[5 * k..6 * k], &b, 0.0, &mut c1);
-        assert_eq!(&one[5 * n..6 * n], &c1[..]);
+        for isa in Isa::available() {
+            for tr in [(Trans::N, Trans::T), (Trans::T, Trans::N)] {
+                let run = |threads: usize| {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    let mut c = vec![0.0; m * n];
+                    pool.install(|| gemm_on(isa, tr, (m, n, k), 1.0, &a, &b, 0.0, &mut c));
+                    c
+                };
+                let one = run(1);
+                assert_eq!(one, run(2), "{isa}");
+                assert_eq!(one, run(3), "{isa}");
+            }
+            // A row of C does not depend on the other rows of A.
+            let mut full = vec![0.0; m * n];
+            gemm_on(isa, (Trans::N, Trans::T), (m, n, k), 1.0, &a, &b, 0.0, &mut full);
+            let mut c1 = vec![0.0; n];
+            gemm_on(isa, (Trans::N, Trans::T), (1, n, k), 1.0, &a[5 * k..6 * k], &b, 0.0, &mut c1);
+            assert_eq!(&full[5 * n..6 * n], &c1[..], "{isa}");
+        }
     }
 }

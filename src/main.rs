@@ -18,9 +18,13 @@ use std::path::{Path, PathBuf};
   LBBSP_DATA       where the data sets are (same as --data-dir)
   LBBSP_ALLREDUCE  how ranks sum the gradient: auto (default: shm on one node, ring across nodes),
                    shm (MPI-3 shared window), ring (MPI_Sendrecv), mpi (one MPI_Allreduce)
-  LBBSP_GEMM       portable: the matrixmultiply GEMM instead of lbbsp's AVX-512 kernels"
+  LBBSP_ISA        the kernels' instruction-set tier (same as --isa)"
 )]
 struct Cli {
+    /// Instruction-set tier of the compute kernels: auto (the best this CPU has), avx512, avx2 or
+    /// portable. A lower tier than auto picks reproduces or compares another host's kernels.
+    #[arg(long, global = true, env = "LBBSP_ISA", default_value = "auto", value_parser = parse_isa)]
+    isa: lbbsp::IsaChoice,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -38,6 +42,9 @@ enum Cmd {
     /// Time the training loop on a peer workload, or the GEMM; prints `RESULT` lines (see
     /// scripts/bench_peers.sh, which compares them with PyTorch, TensorFlow, JAX and numpy).
     Bench(BenchArgs),
+    /// Print this CPU's model, the kernels' tier in use and every tier it can run
+    /// (`cpu=… active=… available=…`, one line).
+    Isa,
     /// Download, copy or verify data sets.
     Data {
         #[command(subcommand)]
@@ -187,8 +194,16 @@ fn parse_slowdown(s: &str) -> std::result::Result<Slowdown, String> {
     Ok(sd)
 }
 
+fn parse_isa(s: &str) -> std::result::Result<lbbsp::IsaChoice, String> {
+    s.parse().map_err(|e: lbbsp::Error| e.to_string())
+}
+
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = lbbsp::Isa::select(cli.isa) {
+        eprintln!("error: --isa: {e}");
+        std::process::exit(2);
+    }
     let result = match cli.cmd {
         Cmd::Train(args) => on_ranks(|comm| train_on(comm, &args)),
         Cmd::Eval(args) => on_ranks(|comm| eval_on(comm, &args)),
@@ -199,6 +214,11 @@ fn main() {
             BenchWhat::Allreduce => on_ranks(|comm| bench_allreduce(comm, &args)),
         },
         Cmd::Data { cmd } => run_data(cmd),
+        Cmd::Isa => {
+            let names: Vec<&str> = lbbsp::Isa::available().iter().map(|t| t.name()).collect();
+            println!("cpu={:?} active={} available={}", lbbsp::isa::cpu_model(), lbbsp::Isa::active(), names.join(","));
+            Ok(())
+        }
         Cmd::Interfere(args) => lbbsp::interfere::run(&args).map_err(Into::into),
         Cmd::Plot(args) => lbbsp::plot::run(&args).map_err(Into::into),
     };
@@ -239,10 +259,11 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
     let rank0 = comm.rank() == 0;
     if rank0 && !args.quiet {
         eprintln!(
-            "lbbsp: {} on {} rank(s) × {threads} thread(s), policy {:?}, B = {}, {} train / {} test samples",
+            "lbbsp: {} on {} rank(s) × {threads} thread(s), kernels {}, policy {}, B = {}, {} train / {} test samples",
             recipe.name,
             comm.world_size(),
-            recipe.balance.policy,
+            lbbsp::Isa::active(),
+            recipe.balance.policy.name(),
             recipe.train.global_batch,
             data.train.len(),
             data.test.len()
@@ -309,9 +330,10 @@ fn bench_on(comm: &Mpi, args: &BenchArgs, w: Workload) -> Result<()> {
     std::fs::remove_file(&metrics).ok();
     let (samples_per_s, final_loss) = lbbsp::bench::throughput(&records?, args.warmup)?;
     println!(
-        "RESULT peer=lbbsp model={} world={} threads_per_rank={threads} batch={} samples_per_s={samples_per_s:.1} \
-         final_loss={final_loss:.4}",
+        "RESULT peer=lbbsp model={} world={} threads_per_rank={threads} isa={} batch={} \
+         samples_per_s={samples_per_s:.1} final_loss={final_loss:.4}",
         w.model(),
+        lbbsp::Isa::active(),
         comm.world_size(),
         recipe.train.global_batch
     );
@@ -340,9 +362,15 @@ fn bench_gemm(args: &BenchArgs) -> Result<()> {
     for c in lbbsp::bench::gemm_cases() {
         let (median, best) = lbbsp::bench::gemm_gflops(&c, args.reps);
         println!(
-            "RESULT gemm=lbbsp shape={} m={} n={} k={} ta={:?} tb={:?} threads={threads} gflops_median={median:.1} \
-             gflops_best={best:.1}",
-            c.name, c.m, c.n, c.k, c.ta, c.tb
+            "RESULT gemm=lbbsp shape={} m={} n={} k={} ta={:?} tb={:?} threads={threads} isa={} \
+             gflops_median={median:.1} gflops_best={best:.1}",
+            c.name,
+            c.m,
+            c.n,
+            c.k,
+            c.ta,
+            c.tb,
+            lbbsp::Isa::active()
         );
     }
     Ok(())

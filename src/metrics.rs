@@ -97,6 +97,8 @@ impl std::fmt::Display for StragglerReport {
 pub struct Summary {
     pub recipe: String,
     pub policy: String,
+    /// The kernels' instruction-set tier ([`crate::isa::Isa::name`]).
+    pub isa: String,
     pub world_size: usize,
     pub threads_per_rank: usize,
     pub iterations: usize,

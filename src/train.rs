@@ -287,7 +287,8 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let samples: usize = records.iter().map(|r| r.global_batch).sum();
     Ok(Summary {
         recipe: recipe.name.clone(),
-        policy: format!("{:?}", recipe.balance.policy).to_lowercase(),
+        policy: recipe.balance.policy.name().into(),
+        isa: crate::isa::Isa::active().name().into(),
         world_size: world,
         threads_per_rank: opts.threads,
         iterations: iter,
