@@ -1,9 +1,11 @@
-//! GEMM throughput (GFLOP/s) of `lbbsp::gemm` against `matrixmultiply` on 2048³ and on the layer
-//! shapes of W1 (MLP 784-512-256-10, batch 128): forward `x·Wᵀ`, weight gradient `dyᵀ·x`, input
-//! gradient `dy·W`.
+//! GEMM throughput (GFLOP/s) of `lbbsp::gemm` on every tier this CPU can run (the benchmark id
+//! names it), on 2048³ and on the layer shapes of W1 (MLP 784-512-256-10, batch 128): forward
+//! `x·Wᵀ`, weight gradient `dyᵀ·x`, input gradient `dy·W`. The comparison with OpenBLAS is
+//! `scripts/bench_peers.sh` (numpy on the same shapes, in the same run).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lbbsp::gemm::{gemm, Trans};
+use lbbsp::gemm::{gemm_on, Trans};
+use lbbsp::Isa;
 use std::hint::black_box;
 
 struct Case {
@@ -24,30 +26,6 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn mm(c: &Case, a: &[f32], b: &[f32], out: &mut [f32]) {
-    let (rsa, csa) = if c.ta == Trans::N { (c.k as isize, 1) } else { (1, c.m as isize) };
-    let (rsb, csb) = if c.tb == Trans::N { (c.n as isize, 1) } else { (1, c.k as isize) };
-    // SAFETY: strides describe the m×k, k×n and m×n row-major buffers exactly.
-    unsafe {
-        matrixmultiply::sgemm(
-            c.m,
-            c.k,
-            c.n,
-            1.0,
-            a.as_ptr(),
-            rsa,
-            csa,
-            b.as_ptr(),
-            rsb,
-            csb,
-            0.0,
-            out.as_mut_ptr(),
-            c.n as isize,
-            1,
-        )
-    }
-}
-
 fn bench(cr: &mut Criterion) {
     let mut g = cr.benchmark_group("gemm");
     g.sample_size(10);
@@ -56,12 +34,13 @@ fn bench(cr: &mut Criterion) {
         let b = vec![0.25f32; c.k * c.n];
         let mut out = vec![0.0f32; c.m * c.n];
         g.throughput(Throughput::Elements((2 * c.m * c.n * c.k) as u64));
-        g.bench_function(BenchmarkId::new("lbbsp", c.name), |bn| {
-            bn.iter(|| gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0, black_box(&a), black_box(&b), 0.0, &mut out))
-        });
-        g.bench_function(BenchmarkId::new("matrixmultiply-1-thread", c.name), |bn| {
-            bn.iter(|| mm(&c, black_box(&a), black_box(&b), &mut out))
-        });
+        for isa in Isa::available() {
+            g.bench_function(BenchmarkId::new(format!("lbbsp-{isa}"), c.name), |bn| {
+                bn.iter(|| {
+                    gemm_on(isa, (c.ta, c.tb), (c.m, c.n, c.k), 1.0, black_box(&a), black_box(&b), 0.0, &mut out)
+                })
+            });
+        }
     }
     g.finish();
 }

@@ -11,6 +11,11 @@
 //! (a last partial step masked), then one fixed horizontal reduction. Tiles at the edges compute on
 //! repeated rows and store only their real ones, so `C[i][j]` depends only on row `i` of `A` and
 //! row `j` of `B`: the same bits whatever the thread count, the batch split or the other rows.
+//!
+//! The other tiers run [`generic::nt`]: the same 16 lane sums, each held in `16 / LANES` vectors of
+//! the tier, and the same reduction tree, so on AVX2 every element has the bits of AVX-512's (and on
+//! the portable tier the same order without fused multiply-adds). Its register tile is smaller,
+//! `RM × RN` per tier, to fit 16 registers.
 
 /// Rows of `A` in the register tile.
 pub(crate) const RM: usize = 4;
@@ -20,6 +25,8 @@ pub(crate) const RN: usize = 5;
 pub(crate) const MAX_K: usize = 1024;
 /// Rows of `A` per block (kept in L2 while the rows of `B` go by).
 const MB: usize = 96;
+
+
 
 /// The block of `C = alpha·A·Bᵀ + beta·C` at rows `i0..i0+m`, columns `j0..j0+n`: `a` holds the
 /// whole `A` (row-major, `k` columns), `b` the whole `B` (row-major, `k` columns), `c` starts at the
@@ -193,4 +200,163 @@ mod tests {
             }
         }
     }
+}
+
+/// The dot-product kernel over [`Simd`], for the AVX2 and portable tiers.
+pub(crate) mod generic {
+    use super::MB;
+    use crate::isa::Simd;
+
+    /// Lanes of one dot product's partial sums, as on AVX-512.
+    const W: usize = 16;
+
+    /// [`super::nt`] with an `RM × RN` tile of `H = 16 / LANES` vectors per accumulator.
+    ///
+    /// # Safety
+    /// As [`super::nt`], with the CPU supporting `S`'s tier.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn nt<S: Simd, const RM: usize, const RN: usize, const H: usize>(
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        (a, b): (&[f32], &[f32]),
+        beta: f32,
+        (c, ldc): (*mut f32, usize),
+        (i0, j0): (usize, usize),
+    ) {
+        debug_assert!(H * S::LANES == W && k >= 1 && a.len() >= (i0 + m) * k && b.len() >= (j0 + n) * k);
+        for ib in (0..m).step_by(MB) {
+            let mb = MB.min(m - ib);
+            for jt in (0..n).step_by(RN) {
+                let cols = RN.min(n - jt);
+                let mut brow = [b.as_ptr(); RN];
+                for (q, p) in brow.iter_mut().enumerate() {
+                    *p = b.as_ptr().add((j0 + jt + q.min(cols - 1)) * k);
+                }
+                for it in (ib..ib + mb).step_by(RM) {
+                    let rows = RM.min(ib + mb - it);
+                    let mut arow = [a.as_ptr(); RM];
+                    for (r, p) in arow.iter_mut().enumerate() {
+                        *p = a.as_ptr().add((i0 + it + r.min(rows - 1)) * k);
+                    }
+                    let sums = tile::<S, RM, RN, H>(k, arow, brow);
+                    for (r, sums_r) in sums.iter().enumerate().take(rows) {
+                        let out = c.add((it + r) * ldc + jt);
+                        for (q, &s) in sums_r.iter().enumerate().take(cols) {
+                            let o = out.add(q);
+                            *o = if beta == 0.0 { alpha * s } else { alpha * s + beta * *o };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `RM × RN` dot products of rows `a[r]` and `b[q]` over `k` depths: 16 lane sums each,
+    /// then the reduction tree of AVX-512's `reduce` (lane `j` + lane `j+8`, then `j+4`, `j+2`, `j+1`).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tile<S: Simd, const RM: usize, const RN: usize, const H: usize>(
+        k: usize,
+        a: [*const f32; RM],
+        b: [*const f32; RN],
+    ) -> [[f32; RN]; RM] {
+        let mut acc = [[[S::zero(); H]; RN]; RM];
+        let full = k / W;
+        for s in 0..full {
+            for h in 0..H {
+                let at = W * s + h * S::LANES;
+                let mut bv = [S::zero(); RN];
+                for q in 0..RN {
+                    bv[q] = S::load(b[q].add(at));
+                }
+                for r in 0..RM {
+                    let av = S::load(a[r].add(at));
+                    for q in 0..RN {
+                        acc[r][q][h] = S::madd(av, bv[q], acc[r][q][h]);
+                    }
+                }
+            }
+        }
+        let rest = k - W * full;
+        if rest > 0 {
+            // The last partial step on zero-padded copies (0·0 added to a partial leaves it as is,
+            // as AVX-512's masked loads do).
+            let tail = |p: *const f32| {
+                let mut t = [0.0f32; W];
+                std::ptr::copy_nonoverlapping(p.add(W * full), t.as_mut_ptr(), rest);
+                t
+            };
+            let mut bt = [[0.0f32; W]; RN];
+            for q in 0..RN {
+                bt[q] = tail(b[q]);
+            }
+            for r in 0..RM {
+                let at = tail(a[r]);
+                for h in 0..H {
+                    let av = S::load(at.as_ptr().add(h * S::LANES));
+                    for q in 0..RN {
+                        let bv = S::load(bt[q].as_ptr().add(h * S::LANES));
+                        acc[r][q][h] = S::madd(av, bv, acc[r][q][h]);
+                    }
+                }
+            }
+        }
+        let mut sums = [[0.0; RN]; RM];
+        for r in 0..RM {
+            for q in 0..RN {
+                let mut v = [0.0f32; W];
+                for h in 0..H {
+                    S::store(v.as_mut_ptr().add(h * S::LANES), acc[r][q][h]);
+                }
+                let mut half = W / 2;
+                while half > 0 {
+                    for j in 0..half {
+                        v[j] += v[j + half];
+                    }
+                    half /= 2;
+                }
+                sums[r][q] = v[0];
+            }
+        }
+        sums
+    }
+
+    /// [`nt`] compiled for AVX2 + FMA, with a 3×2 tile (12 ymm accumulators).
+    ///
+    /// # Safety
+    /// As [`nt`]; the CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn nt_avx2(
+        mnk: (usize, usize, usize),
+        alpha: f32,
+        ab: (&[f32], &[f32]),
+        beta: f32,
+        c: (*mut f32, usize),
+        at: (usize, usize),
+    ) {
+        nt::<crate::isa::Avx2, { AVX2_TILE.0 }, { AVX2_TILE.1 }, 2>(mnk, alpha, ab, beta, c, at)
+    }
+
+    /// [`nt`] on the portable tier, with a 2×1 tile (8 accumulators of 4 lanes).
+    ///
+    /// # Safety
+    /// As [`nt`].
+    pub(crate) unsafe fn nt_portable(
+        mnk: (usize, usize, usize),
+        alpha: f32,
+        ab: (&[f32], &[f32]),
+        beta: f32,
+        c: (*mut f32, usize),
+        at: (usize, usize),
+    ) {
+        nt::<crate::isa::Portable, { PORTABLE_TILE.0 }, { PORTABLE_TILE.1 }, 4>(mnk, alpha, ab, beta, c, at)
+    }
+
+    /// Rows of A × rows of B in the register tile of each tier.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) const AVX2_TILE: (usize, usize) = (3, 2);
+    pub(crate) const PORTABLE_TILE: (usize, usize) = (2, 1);
 }

@@ -17,7 +17,6 @@
 //! Each element of `C` is the same sum in the same order whatever the thread count or the other rows
 //! of `A`: the reduction over `k` is blocked identically for every tile.
 
-#[cfg(target_arch = "x86_64")]
 use crate::dot;
 use crate::fused::{SgdStep, Update};
 use crate::isa::Isa;
@@ -129,18 +128,19 @@ fn product(
     // SAFETY (both closures): `split` hands out disjoint blocks of rows × columns of C, and each
     // block's rows `i0..i0+rows` and columns `j0..j0+cols` lie inside `c` (length m·n, asserted), and
     // inside the parameters and velocity of an update (same length, asserted by `gemm_sgd`).
-    #[cfg(target_arch = "x86_64")]
-    if matches!(engine, Engine::Avx512)
-        && upd.is_none()
-        && ta == Trans::N
-        && tb == Trans::T
-        && (1..=dot::MAX_K).contains(&k)
-    {
+    if upd.is_none() && ta == Trans::N && tb == Trans::T && (1..=dot::MAX_K).contains(&k) {
         // x·Wᵀ: dot products of contiguous rows, no packing (the choice depends on k only, so a row
         // of C is the same whatever m).
         let prefer = if n * k >= WEIGHTS_WORTH_KEEPING { Prefer::Cols } else { Prefer::Tiles };
-        return split(m, n, threads, ((dot::RM, dot::RN), prefer), &|i0, rows, j0, cols| unsafe {
-            dot::nt(rows, cols, k, alpha, a, b, beta, cptr.get().add(i0 * n + j0), n, i0, j0)
+        return split(m, n, threads, (engine.dot_tile(), prefer), &|i0, rows, j0, cols| unsafe {
+            let at = (cptr.get().add(i0 * n + j0), n);
+            match engine {
+                #[cfg(target_arch = "x86_64")]
+                Engine::Avx512 => dot::nt(rows, cols, k, alpha, a, b, beta, at.0, n, i0, j0),
+                #[cfg(target_arch = "x86_64")]
+                Engine::Avx2 => dot::generic::nt_avx2((rows, cols, k), alpha, (a, b), beta, at, (i0, j0)),
+                Engine::Portable => dot::generic::nt_portable((rows, cols, k), alpha, (a, b), beta, at, (i0, j0)),
+            }
         });
     }
     let prefer = if upd.is_some() && m * n >= WEIGHTS_WORTH_KEEPING { Prefer::Rows } else { Prefer::Tiles };
@@ -241,6 +241,17 @@ impl Engine {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Engine::Avx2,
             _ => Engine::Portable,
+        }
+    }
+
+    /// Rows of A × rows of B in the register tile of the dot-product kernel (`src/dot.rs`).
+    fn dot_tile(self) -> (usize, usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Engine::Avx512 => (dot::RM, dot::RN),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Avx2 => dot::generic::AVX2_TILE,
+            Engine::Portable => dot::generic::PORTABLE_TILE,
         }
     }
 
@@ -783,6 +794,29 @@ mod tests {
                             assert!((x - w).abs() < 1e-4 * (k as f32).max(1.0), "{isa} {ta:?}{tb:?} {m}x{n}x{k} beta: {x} vs {w}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The tiers with FMA compute every element as the same fused operations in the same order (the
+    /// dot-product kernel's 16 lane sums and reduction tree included): the same bits.
+    #[test]
+    fn fma_tiers_give_the_same_bits() {
+        let fused: Vec<Isa> = Isa::available().into_iter().filter(|&t| t != Isa::Portable).collect();
+        for &(m, n, k) in &[(128, 512, 784), (37, 45, 29), (64, 10, 1100), (9, 300, 17)] {
+            let (a, b) = operands(6, m, n, k);
+            for tr in [(Trans::N, Trans::N), (Trans::N, Trans::T), (Trans::T, Trans::N), (Trans::T, Trans::T)] {
+                let results: Vec<Vec<f32>> = fused
+                    .iter()
+                    .map(|&isa| {
+                        let mut c = vec![0.0; m * n];
+                        gemm_on(isa, tr, (m, n, k), 1.0, &a, &b, 0.0, &mut c);
+                        c
+                    })
+                    .collect();
+                for (isa, c) in fused.iter().zip(&results).skip(1) {
+                    assert!(c == &results[0], "{isa} and {} differ on {m}×{n}×{k} {tr:?}", fused[0]);
                 }
             }
         }

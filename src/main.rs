@@ -333,8 +333,8 @@ fn bench_on(comm: &Mpi, args: &BenchArgs, w: Workload) -> Result<()> {
         "RESULT peer=lbbsp model={} world={} threads_per_rank={threads} isa={} batch={} \
          samples_per_s={samples_per_s:.1} final_loss={final_loss:.4}",
         w.model(),
-        lbbsp::Isa::active(),
         comm.world_size(),
+        lbbsp::Isa::active(),
         recipe.train.global_batch
     );
     let f = Footprint::measure(&recipe, &data, comm.world_size())?;

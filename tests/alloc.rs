@@ -8,7 +8,8 @@
 //! step is the library's part of an iteration of [`lbbsp::train::train`]: gather a batch into the
 //! model's input buffers, `forward_backward`, the gradient allreduce (`Solo`) and the optimizer step
 //! (or, as one process trains with momentum SGD, `forward_backward_step` with the step inside).
-//! `LBBSP_ALLOC_THREADS` sets the pool size (default 2), to compare one worker with two.
+//! `LBBSP_ALLOC_THREADS` sets the pool size (default 2), to compare one worker with two;
+//! `LBBSP_ISA` the kernels' tier (`scripts/test.sh` runs this file on every tier the CPU has).
 //!
 //! Called from outside the pool, as the trainer's main thread calls them, every parallel loop is a
 //! job pushed on rayon's global injector queue (crossbeam's `Injector`), which allocates one block
@@ -196,13 +197,16 @@ fn steady_state_steps_allocate_nothing() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for (recipe, fuse) in [("bench-w1", true), ("bench-w1", false), ("bench-w2", true), ("bench-w2", false)] {
         let (all, _, others) = step_allocations(recipe, Caller::InsidePool, fuse, 3, 20);
+        let isa = common::tier();
         eprintln!(
-            "{recipe} (step in backward: {fuse}): {all} allocations in 20 steps inside a pool of {} thread(s)",
+            "{recipe} (step in backward: {fuse}, {isa} tier): {all} allocations in 20 steps inside a pool of {} \
+             thread(s)",
             threads()
         );
         assert!(
             all == 0,
-            "{recipe} (step in backward: {fuse}): {all} allocations in 20 steady-state steps; the first:\n{}",
+            "{recipe} (step in backward: {fuse}, {isa} tier): {all} allocations in 20 steady-state steps; the \
+             first:\n{}",
             others.join("\n----\n")
         );
     }

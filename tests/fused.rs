@@ -105,27 +105,26 @@ fn only_one_rank_momentum_sgd_without_clipping_fuses() {
     assert_eq!(opt.state().step, 1);
 }
 
-/// The training loop end to end, on lbbsp's AVX-512 GEMM and on the portable one
-/// (`LBBSP_GEMM=portable`, what CPUs without AVX-512 run): one process takes the step inside
-/// backward; a clipping bound no gradient reaches sends the same run down the separate step. Losses
-/// and saved weights must match bit for bit.
+/// The training loop end to end on every tier: one process takes the step inside backward; a
+/// clipping bound no gradient reaches sends the same run down the separate step. Losses and saved
+/// weights must match bit for bit.
 #[test]
-fn train_loop_with_the_step_in_backward_or_after_it_agrees_bitwise_on_both_gemm_engines() {
-    for engine in ["avx512-if-present", "portable"] {
+fn train_loop_with_the_step_in_backward_or_after_it_agrees_bitwise_on_every_tier() {
+    for isa in lbbsp::Isa::available() {
         let run = |name: &str, extra: &[&str]| {
-            let dir = scratch(&format!("fused-{engine}-{name}"));
+            let dir = scratch(&format!("fused-{isa}-{name}"));
             let m = dir.join("m.jsonl");
-            let mut args = vec!["train", "digits-mlp", "-q", "--set", "train.max_iters=60"];
+            let mut args = vec!["--isa", isa.name(), "train", "digits-mlp", "-q", "--set", "train.max_iters=60"];
             args.extend_from_slice(extra);
             args.extend_from_slice(&["--metrics", m.to_str().unwrap(), "--checkpoint-dir", dir.to_str().unwrap()]);
-            lbbsp_env_ok(0, &[("LBBSP_GEMM", engine)], &args);
+            lbbsp_ok(0, &args);
             let losses: Vec<u64> = lbbsp::metrics::read_records(&m).unwrap().iter().map(|r| r.loss.to_bits()).collect();
             (losses, std::fs::read(dir.join("step-60").join("model.safetensors")).unwrap())
         };
         let in_backward = run("in-backward", &[]);
         let separate = run("separate", &["--set", "optimizer.clip_grad_norm=1e30"]);
         assert_eq!(in_backward.0.len(), 60);
-        assert!(in_backward.0 == separate.0, "{engine}: losses differ");
-        assert!(in_backward.1 == separate.1, "{engine}: saved weights differ");
+        assert!(in_backward.0 == separate.0, "{isa}: losses differ");
+        assert!(in_backward.1 == separate.1, "{isa}: saved weights differ");
     }
 }

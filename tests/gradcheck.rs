@@ -1,4 +1,8 @@
-//! Finite-difference gradient checks: every layer, and whole models through the fused losses.
+//! Finite-difference gradient checks: every layer, and whole models through the fused losses, on the
+//! kernels' tier `LBBSP_ISA` names (the best one when unset; `scripts/test.sh` runs this file on
+//! every tier the CPU has).
+
+mod common;
 
 use lbbsp::chain::Chain;
 use lbbsp::conv::Conv2d;
@@ -79,6 +83,11 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
         assert!(err < 2e-3, "{} input {i}: finite difference {fd} vs backward {}", layer.kind(), dx[i]);
     }
     eprintln!("{}: worst relative error {worst:.2e}", layer.kind());
+}
+
+#[test]
+fn checks_run_on_the_tier_asked_for() {
+    eprintln!("gradient checks on the {} tier", common::tier());
 }
 
 #[test]

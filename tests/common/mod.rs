@@ -112,3 +112,13 @@ pub fn images(n: usize) -> lbbsp::dataset::Dataset {
         classes: 10,
     }
 }
+
+/// The tier this test process runs its in-process kernels on: `LBBSP_ISA` when set (as
+/// `scripts/test.sh` sets it to run a test file on each tier), checked to be honoured, else the best.
+pub fn tier() -> lbbsp::Isa {
+    let isa = lbbsp::Isa::active();
+    if let Ok(want) = std::env::var("LBBSP_ISA") {
+        assert_eq!(isa.name(), want, "LBBSP_ISA={want} asks for a tier this CPU cannot run, or a wrong name");
+    }
+    isa
+}
