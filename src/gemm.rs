@@ -535,7 +535,14 @@ mod tiled {
     ) {
         let mut acc = [[S::zero(); NV]; MR];
         let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
+        let nr = NV * S::LANES;
+        for step in 0..kc {
+            // C's lines are fetched (for writing) while the tile computes, one row end per depth
+            // step: the hardware prefetchers do not follow MR rows at a stride, and the epilogue's
+            // stores would wait for each line.
+            if step < 2 * rows {
+                crate::isa::prefetch_for_write(c.add(step / 2 * ldc + (step % 2) * (cols - 1)));
+            }
             let mut bv = [S::zero(); NV];
             for (v, bv) in bv.iter_mut().enumerate() {
                 *bv = S::load(b.add(v * S::LANES));
@@ -549,7 +556,6 @@ mod tiled {
             a = a.add(MR);
             b = b.add(NV * S::LANES);
         }
-        let nr = NV * S::LANES;
         if rows == MR && cols == nr {
             let (va, vb) = (S::splat(alpha), S::splat(beta));
             for (r, acc) in acc.iter().enumerate() {

@@ -156,6 +156,20 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
+/// Asks for the cache line at `p` in a state ready for writing; no effect where the target has no
+/// such hint. Never faults, whatever `p`.
+#[inline(always)]
+pub(crate) fn prefetch_for_write(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing and cannot fault (PREFETCHW runs as a no-op on
+    // CPUs without it).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p as *const i8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// `a·b + c`: fused (one rounding) on the tiers with FMA, a multiply then an add on the portable one,
 /// where a fused multiply-add would be a slow library call.
 #[inline(always)]
