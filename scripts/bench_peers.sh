@@ -12,7 +12,12 @@
 # then every round's own ratios with their median.
 #   scripts/bench_peers.sh                          # everything, 1 round
 #   ROUNDS=5 PEERS="numpy torch" scripts/bench_peers.sh
+#   ISA=avx2 scripts/bench_peers.sh                 # lbbsp's AVX2 tier against peers held to AVX2
 # PEERS is a subset of "numpy torch torch-ddp jax tf" (numpy includes the GEMM reference).
+# ISA (default auto: each side's best for this CPU) = avx2 forces lbbsp's AVX2 tier and holds the
+# peers to AVX2: OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE), oneDNN (ONEDNN_MAX_CPU_ISA, for
+# PyTorch's convolutions and TensorFlow), MKL (MKL_ENABLE_INSTRUCTIONS, PyTorch's GEMM on Intel) and
+# XLA's code generation (--xla_cpu_max_isa, JAX). The header says which comparison a table is.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" 2>/dev/null
 peers_dir="${PEERS_DIR:-../shared/peers}"
@@ -20,10 +25,24 @@ peers="${PEERS:-numpy torch torch-ddp jax tf}"
 rounds="${ROUNDS:-1}"
 out="runs/bench-peers"; rm -rf "$out"; mkdir -p "$out"
 cargo build --release --locked -q
-bin=target/release/lbbsp
+isa="${ISA:-auto}"
+bin="target/release/lbbsp --isa $isa"
 has() { [[ " $peers " == *" $1 "* ]]; }
-# The OpenBLAS of numpy must see the real core type (this machine sets Haswell, which halves it).
+numpy_py="${PEER_VENVS:-/tmp}/lbbsp-peer-numpy/bin/python"
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+case "$isa" in
+  auto) held="peers on their own best code paths for this CPU" ;;
+  avx2)
+    # ../shared/peers/run lets OpenBLAS detect the core, so numpy runs from its venv directly.
+    export ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 XLA_FLAGS="--xla_cpu_max_isa=AVX2"
+    held="peers held to AVX2 (OPENBLAS_CORETYPE=Haswell, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2, XLA_FLAGS=--xla_cpu_max_isa=AVX2)" ;;
+  *) echo "bench_peers: ISA=$isa: use auto or avx2" >&2; exit 2 ;;
+esac
+# run_numpy SCRIPT: a numpy benchmark on the OpenBLAS kernels the comparison asks for.
+run_numpy() {
+  "$peers_dir/run" numpy mlp >/dev/null 2>&1 || true   # makes the venv the first time
+  if [ "$isa" = avx2 ]; then OPENBLAS_CORETYPE=Haswell "$numpy_py" "$@"; else "$numpy_py" "$@"; fi
+}
 
 # record KEY < OUTPUT: appends the samples_per_s / gflops_median of each RESULT line to $out/KEY,
 # and `ROUND VALUE` to $out/KEY.rounds (for the per-round ratios).
@@ -53,15 +72,15 @@ record_gemm() {
 
 run_lbbsp() {
   for w in w1 w2; do
-    "$bin" bench "$w" --threads 2 2>&1 | tee -a "$out/memory" | record "lbbsp-$w" || true
-    mpirun -n 2 "$bin" bench "$w" --threads 1 2>&1 | record "lbbsp2-$w" || true
+    $bin bench "$w" --threads 2 2>&1 | tee -a "$out/memory" | record "lbbsp-$w" || true
+    mpirun -n 2 $bin bench "$w" --threads 1 2>&1 | record "lbbsp2-$w" || true
   done
 }
 run_peers() {
   for m in mlp cnn; do
     local w
     w=$([ $m = mlp ] && echo w1 || echo w2)
-    if has numpy && [ $m = mlp ]; then "$peers_dir/run" numpy mlp 2>&1 | record "numpy-$w" || true; fi
+    if has numpy && [ $m = mlp ]; then run_numpy "$peers_dir/bench_numpy.py" 2>&1 | record "numpy-$w" || true; fi
     if has torch; then "$peers_dir/run" torch $m 2>&1 | record "torch-$w" || true; fi
     if has torch-ddp; then "$peers_dir/run" torch-ddp $m 2>&1 | record "torch-ddp-$w" || true; fi
     if has jax; then "$peers_dir/run" jax $m 2>&1 | record "jax-$w" || true; fi
@@ -74,10 +93,10 @@ for round in $(seq "$rounds"); do
   # lbbsp first in odd rounds, last in even ones: the host's slow phases last minutes, so a fixed
   # order would hand them to the same side every round.
   if [ $((round % 2)) = 1 ]; then run_lbbsp; run_peers; else run_peers; run_lbbsp; fi
-  "$bin" bench gemm 2>&1 | record_gemm lbbsp || true
+  $bin bench gemm 2>&1 | record_gemm lbbsp || true
   if has numpy; then
-    "$peers_dir/run" numpy-gemm 2>&1 | record_gemm numpy || true
-    "${PEER_VENVS:-/tmp}/lbbsp-peer-numpy/bin/python" scripts/gemm_numpy_shapes.py 2>&1 | record_gemm numpy || true
+    run_numpy "$peers_dir/gemm_numpy.py" 2>&1 | record_gemm numpy || true
+    run_numpy scripts/gemm_numpy_shapes.py 2>&1 | record_gemm numpy || true
   fi
 done
 
@@ -90,8 +109,10 @@ num() { if [ -n "$1" ]; then printf "%'.0f" "$1"; else printf '–'; fi; }
 ratio() { if [ -n "$1" ] && [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f×", a / b }'; else printf '–'; fi; }
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+flags=$(grep -o -w 'avx512f\|avx2\|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')
+tier=$($bin isa | sed -n 's/.*active=\([a-z0-9]*\).*/\1/p')
 echo
-echo "$(date -u +%Y-%m-%d), $cpu, $(nproc) cores; medians of $rounds round(s); samples/s"
+echo "$(date -u +%Y-%m-%d), $cpu ($flags), $(nproc) cores; lbbsp kernels: $tier tier; $held; medians of $rounds round(s); samples/s"
 echo
 echo "| workload | lbbsp (1 process, 2 threads) | lbbsp (mpirun -n 2, 1 thread each) | numpy | torch | torch-ddp (2 ranks) | jax | tf | lbbsp / best peer | 2-rank lbbsp / torch-ddp | 2-rank / 1-process |"
 echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"

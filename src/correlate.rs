@@ -373,12 +373,25 @@ macro_rules! tier {
             use super::*;
 
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn add_planes(dst: &mut [f32], planes: &[f32], stride: usize, offs: &[usize], len: usize) {
+            pub(super) unsafe fn add_planes(
+                dst: &mut [f32],
+                planes: &[f32],
+                stride: usize,
+                offs: &[usize],
+                len: usize,
+            ) {
                 add_planes_body(dst, planes, stride, offs, len)
             }
 
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn correlate(tile: Tile, out: &mut [f32], len: usize, src: &[f32], offs: &[usize], w: &[f32]) {
+            pub(super) unsafe fn correlate(
+                tile: Tile,
+                out: &mut [f32],
+                len: usize,
+                src: &[f32],
+                offs: &[usize],
+                w: &[f32],
+            ) {
                 match tile {
                     Tile::Pairs => correlate_body::<true, 2, { 4 * $vec }>(out, len, src, offs, w),
                     Tile::Quads => correlate_body::<true, 4, { 2 * $vec }>(out, len, src, offs, w),
@@ -386,7 +399,13 @@ macro_rules! tier {
             }
 
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn dot_lanes(acc: &mut [[f32; LANES]], a: [Runs; 2], len: usize, src: Runs, offs: &[usize]) {
+            pub(super) unsafe fn dot_lanes(
+                acc: &mut [[f32; LANES]],
+                a: [Runs; 2],
+                len: usize,
+                src: Runs,
+                offs: &[usize],
+            ) {
                 dot_lanes_body::<true, $g>(acc, a, len, src, offs)
             }
         }
@@ -529,7 +548,13 @@ mod tests {
             let mut dst = vec![0.5f32; 200];
             add_planes_on(isa, &mut dst, &src[..3 * 64], 64, &[0, 7, 100], 50);
             for (i, &d) in dst.iter().enumerate() {
-                let want: f32 = 0.5 + [0, 7, 100].iter().enumerate().filter(|(_, &o)| (o..o + 50).contains(&i)).map(|(t, &o)| src[t * 64 + i - o]).sum::<f32>();
+                let want: f32 = 0.5
+                    + [0, 7, 100]
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &o)| (o..o + 50).contains(&i))
+                        .map(|(t, &o)| src[t * 64 + i - o])
+                        .sum::<f32>();
                 assert!((d - want).abs() < 1e-6, "{isa} add_planes[{i}]: {d} vs {want}");
             }
             if isa != Isa::Portable {

@@ -26,8 +26,6 @@ pub(crate) const MAX_K: usize = 1024;
 /// Rows of `A` per block (kept in L2 while the rows of `B` go by).
 const MB: usize = 96;
 
-
-
 /// The block of `C = alpha·A·Bᵀ + beta·C` at rows `i0..i0+m`, columns `j0..j0+n`: `a` holds the
 /// whole `A` (row-major, `k` columns), `b` the whole `B` (row-major, `k` columns), `c` starts at the
 /// block's first element with row stride `ldc`.
@@ -322,7 +320,7 @@ pub(crate) mod generic {
         sums
     }
 
-    /// [`nt`] compiled for AVX2 + FMA, with a 3×2 tile (12 ymm accumulators).
+    /// [`nt`] compiled for AVX2 + FMA, with a 2×3 tile (12 ymm accumulators; A, streamed from L2, is loaded once per 3 FMAs).
     ///
     /// # Safety
     /// As [`nt`]; the CPU must support AVX2 and FMA.
@@ -357,6 +355,6 @@ pub(crate) mod generic {
 
     /// Rows of A × rows of B in the register tile of each tier.
     #[cfg(target_arch = "x86_64")]
-    pub(crate) const AVX2_TILE: (usize, usize) = (3, 2);
+    pub(crate) const AVX2_TILE: (usize, usize) = (2, 3);
     pub(crate) const PORTABLE_TILE: (usize, usize) = (2, 1);
 }

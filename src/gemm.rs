@@ -262,9 +262,7 @@ impl Engine {
             Engine::Avx512 => (MR, NR),
             #[cfg(target_arch = "x86_64")]
             Engine::Avx2 => (AVX2_TILE.0, AVX2_TILE.1 * <crate::isa::Avx2 as crate::isa::Simd>::LANES),
-            Engine::Portable => {
-                (PORTABLE_TILE.0, PORTABLE_TILE.1 * <crate::isa::Portable as crate::isa::Simd>::LANES)
-            }
+            Engine::Portable => (PORTABLE_TILE.0, PORTABLE_TILE.1 * <crate::isa::Portable as crate::isa::Simd>::LANES),
         }
     }
 
@@ -405,7 +403,9 @@ mod tiled {
         at: (usize, usize),
         upd: Option<Update>,
     ) {
-        run::<crate::isa::Avx2, { super::AVX2_TILE.0 }, { super::AVX2_TILE.1 }>(pack, mnk, alpha, a, b, beta, c, at, upd)
+        run::<crate::isa::Avx2, { super::AVX2_TILE.0 }, { super::AVX2_TILE.1 }>(
+            pack, mnk, alpha, a, b, beta, c, at, upd,
+        )
     }
 
     /// The blocked product for one C block (see [`super::Engine::run`]) with an `MR × NV·LANES`
@@ -790,14 +790,20 @@ mod tests {
                         let mut c = vec![f32::NAN; m * n];
                         gemm_on(isa, (ta, tb), (m, n, k), 1.0, &a, &b, 0.0, &mut c);
                         for (x, y) in c.iter().zip(&want) {
-                            assert!((x - y).abs() < 1e-4 * (k as f32).max(1.0), "{isa} {ta:?}{tb:?} {m}x{n}x{k}: {x} vs {y}");
+                            assert!(
+                                (x - y).abs() < 1e-4 * (k as f32).max(1.0),
+                                "{isa} {ta:?}{tb:?} {m}x{n}x{k}: {x} vs {y}"
+                            );
                         }
                         // alpha and beta: C = 0.5·AB + 2·C0.
                         let mut c = c0.clone();
                         gemm_on(isa, (ta, tb), (m, n, k), 0.5, &a, &b, 2.0, &mut c);
                         for ((x, y), z) in c.iter().zip(&want).zip(&c0) {
                             let w = 0.5 * y + 2.0 * z;
-                            assert!((x - w).abs() < 1e-4 * (k as f32).max(1.0), "{isa} {ta:?}{tb:?} {m}x{n}x{k} beta: {x} vs {w}");
+                            assert!(
+                                (x - w).abs() < 1e-4 * (k as f32).max(1.0),
+                                "{isa} {ta:?}{tb:?} {m}x{n}x{k} beta: {x} vs {w}"
+                            );
                         }
                     }
                 }
