@@ -290,6 +290,14 @@ impl Engine {
         j0: usize,
         upd: Option<Update>,
     ) {
+        if k == 0 {
+            // No depth: C = beta·C on every tier (the kernels below assume k ≥ 1).
+            for r in 0..m {
+                let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
+                row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
+            }
+            return crate::fused::apply_rows(upd, c, ldc, m, n);
+        }
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-512F was detected at run time.
@@ -428,13 +436,6 @@ mod tiled {
         upd: Option<Update>,
     ) {
         let nr = NV * S::LANES;
-        if k == 0 {
-            for r in 0..m {
-                let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
-                row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
-            }
-            return apply_rows(upd, c, ldc, m, n);
-        }
         // Depth blocks of equal size, as on AVX-512.
         let kc_max = k.div_ceil(k.div_ceil(KC));
         let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(nr) * nr), KC * NC);
@@ -591,7 +592,7 @@ mod tiled {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{aligned, Packed, View, KC, MC, MR, NC, NR};
-    use crate::fused::{apply_rows, Update};
+    use crate::fused::Update;
     use crate::pack::{pack_a_cols, pack_a_rows, pack_b_rows, pack_b_transposed};
     use std::arch::x86_64::*;
 
@@ -613,13 +614,6 @@ mod avx512 {
         (i0, j0): (usize, usize),
         upd: Option<Update>,
     ) {
-        if k == 0 {
-            for r in 0..m {
-                let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
-                row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
-            }
-            return apply_rows(upd, c, ldc, m, n);
-        }
         // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
         // block would pay a full C-tile update for little work.
         let kc_max = k.div_ceil(k.div_ceil(KC));
