@@ -347,7 +347,7 @@ thread_local! {
 pub fn prepare_thread() {
     PACK.with_borrow_mut(|p| {
         aligned(&mut p.a, 0, KC * MC);
-        aligned(&mut p.b, 0, KC * NC);
+        aligned(&mut p.b, 0, KC * (NC + NR));
     })
 }
 
@@ -389,7 +389,7 @@ fn aligned(v: &mut Vec<f32>, len: usize, cap: usize) -> &mut [f32] {
 /// The blocked product of the AVX2 and portable tiers: one generic body over [`Simd`], its packing
 /// and its register tile, compiled once per tier.
 mod tiled {
-    use super::{aligned, Packed, View, KC, MC, NC};
+    use super::{aligned, Packed, View, KC, MC, NC, NR};
     use crate::fused::{apply_rows, Update};
     use crate::isa::Simd;
 
@@ -438,7 +438,8 @@ mod tiled {
         let nr = NV * S::LANES;
         // Depth blocks of equal size, as on AVX-512.
         let kc_max = k.div_ceil(k.div_ceil(KC));
-        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(nr) * nr), KC * NC);
+        // Whole panels of NC columns (rounded up to panels when nr does not divide NC).
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n).div_ceil(nr) * nr, KC * (NC + NR));
         let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR), KC * MC);
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
@@ -524,6 +525,23 @@ mod tiled {
         }
     }
 
+    /// One depth step of a tile: the row of packed B at `b` times each of the MR values of packed A
+    /// at `a`. A function rather than a closure: a closure may stay a call, and the accumulators
+    /// would then live in memory.
+    #[inline(always)]
+    unsafe fn step<S: Simd, const MR: usize, const NV: usize>(acc: &mut [[S::V; NV]; MR], a: *const f32, b: *const f32) {
+        let mut bv = [S::zero(); NV];
+        for (v, bv) in bv.iter_mut().enumerate() {
+            *bv = S::load(b.add(v * S::LANES));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let ar = S::splat(*a.add(r));
+            for v in 0..NV {
+                acc[v] = S::madd(ar, bv[v], acc[v]);
+            }
+        }
+    }
+
     /// One register tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C). Edge tiles
     /// compute the whole tile and store their real part with the same arithmetic lane by lane.
     #[inline(always)]
@@ -535,27 +553,23 @@ mod tiled {
         (alpha, beta): (f32, f32),
     ) {
         let mut acc = [[S::zero(); NV]; MR];
-        let (mut a, mut b) = (a, b);
         let nr = NV * S::LANES;
-        for step in 0..kc {
-            // C's lines are fetched (for writing) while the tile computes, one row end per depth
-            // step: the hardware prefetchers do not follow MR rows at a stride, and the epilogue's
-            // stores would wait for each line.
-            if step < 2 * rows {
-                crate::isa::prefetch_for_write(c.add(step / 2 * ldc + (step % 2) * (cols - 1)));
-            }
-            let mut bv = [S::zero(); NV];
-            for (v, bv) in bv.iter_mut().enumerate() {
-                *bv = S::load(b.add(v * S::LANES));
-            }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let ar = S::splat(*a.add(r));
-                for v in 0..NV {
-                    acc[v] = S::madd(ar, bv[v], acc[v]);
-                }
-            }
-            a = a.add(MR);
-            b = b.add(NV * S::LANES);
+        // C's lines are fetched (for writing) during the first steps, one row end per step: the
+        // hardware prefetchers do not follow MR rows at a stride, and the epilogue's stores would
+        // wait for each line. The rest of the depth runs without the check, two steps at a time.
+        let first = kc.min(2 * rows);
+        for p in 0..first {
+            crate::isa::prefetch_for_write(c.add(p / 2 * ldc + (p % 2) * (cols - 1)));
+            step::<S, MR, NV>(&mut acc, a.add(p * MR), b.add(p * nr));
+        }
+        let mut p = first;
+        while p + 2 <= kc {
+            step::<S, MR, NV>(&mut acc, a.add(p * MR), b.add(p * nr));
+            step::<S, MR, NV>(&mut acc, a.add((p + 1) * MR), b.add((p + 1) * nr));
+            p += 2;
+        }
+        if p < kc {
+            step::<S, MR, NV>(&mut acc, a.add(p * MR), b.add(p * nr));
         }
         if rows == MR && cols == nr {
             let (va, vb) = (S::splat(alpha), S::splat(beta));
@@ -617,7 +631,7 @@ mod avx512 {
         // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
         // block would pay a full C-tile update for little work.
         let kc_max = k.div_ceil(k.div_ceil(KC));
-        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR), KC * NC);
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR), KC * (NC + NR));
         let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR), KC * MC);
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
