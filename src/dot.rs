@@ -303,11 +303,19 @@ pub(crate) mod generic {
         let mut sums = [[0.0; RN]; RM];
         for r in 0..RM {
             for q in 0..RN {
-                let mut v = [0.0f32; W];
-                for h in 0..H {
-                    S::store(v.as_mut_ptr().add(h * S::LANES), acc[r][q][h]);
+                // The tree's first levels add whole vectors (lane j + lane j + 8 is vector h + vector
+                // h + H/2), the last ones the lanes of one vector.
+                let acc = &mut acc[r][q];
+                let mut vectors = H;
+                while vectors > 1 {
+                    for h in 0..vectors / 2 {
+                        acc[h] = S::add(acc[h], acc[h + vectors / 2]);
+                    }
+                    vectors /= 2;
                 }
-                let mut half = W / 2;
+                let mut v = [0.0f32; W];
+                S::store(v.as_mut_ptr(), acc[0]);
+                let mut half = S::LANES / 2;
                 while half > 0 {
                     for j in 0..half {
                         v[j] += v[j + half];

@@ -207,6 +207,7 @@ pub(crate) trait Simd: Copy {
     /// `a·b + c`, fused where the tier has FMA.
     unsafe fn madd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
 }
 
 /// AVX2 + FMA: 8 lanes in a ymm register.
@@ -242,6 +243,10 @@ impl Simd for Avx2 {
     #[inline(always)]
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
         std::arch::x86_64::_mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        std::arch::x86_64::_mm256_add_ps(a, b)
     }
 }
 
@@ -283,6 +288,14 @@ impl Simd for Portable {
         let mut r = a;
         for l in 0..4 {
             r[l] = a[l] * b[l];
+        }
+        r
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        let mut r = a;
+        for l in 0..4 {
+            r[l] = a[l] + b[l];
         }
         r
     }
