@@ -529,7 +529,11 @@ mod tiled {
     /// at `a`. A function rather than a closure: a closure may stay a call, and the accumulators
     /// would then live in memory.
     #[inline(always)]
-    unsafe fn step<S: Simd, const MR: usize, const NV: usize>(acc: &mut [[S::V; NV]; MR], a: *const f32, b: *const f32) {
+    unsafe fn step<S: Simd, const MR: usize, const NV: usize>(
+        acc: &mut [[S::V; NV]; MR],
+        a: *const f32,
+        b: *const f32,
+    ) {
         let mut bv = [S::zero(); NV];
         for (v, bv) in bv.iter_mut().enumerate() {
             *bv = S::load(b.add(v * S::LANES));
