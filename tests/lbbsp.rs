@@ -23,7 +23,7 @@ fn share_run(ranks: usize, attempt: &str) -> (Vec<IterRecord>, String) {
         "--set",
         "train.global_batch=2048",
         "--set",
-        "balance.policy=bsp",
+        "balance.policy=lbbsp",
         "--slowdown",
         "1:3.0@30",
         "--metrics",
