@@ -40,7 +40,7 @@ case "$isa" in
 esac
 # run_numpy SCRIPT: a numpy benchmark on the OpenBLAS kernels the comparison asks for.
 run_numpy() {
-  "$peers_dir/run" numpy mlp >/dev/null 2>&1 || true   # makes the venv the first time
+  [ -x "$numpy_py" ] || "$peers_dir/run" numpy mlp >/dev/null 2>&1 || true   # makes the venv once
   if [ "$isa" = avx2 ]; then OPENBLAS_CORETYPE=Haswell "$numpy_py" "$@"; else "$numpy_py" "$@"; fi
 }
 

@@ -347,7 +347,7 @@ thread_local! {
 pub fn prepare_thread() {
     PACK.with_borrow_mut(|p| {
         aligned(&mut p.a, 0, KC * MC);
-        aligned(&mut p.b, 0, KC * (NC + NR));
+        aligned(&mut p.b, 0, KC * NC);
     })
 }
 
@@ -389,7 +389,7 @@ fn aligned(v: &mut Vec<f32>, len: usize, cap: usize) -> &mut [f32] {
 /// The blocked product of the AVX2 and portable tiers: one generic body over [`Simd`], its packing
 /// and its register tile, compiled once per tier.
 mod tiled {
-    use super::{aligned, Packed, View, KC, MC, NC, NR};
+    use super::{aligned, Packed, View, KC, MC, NC};
     use crate::fused::{apply_rows, Update};
     use crate::isa::Simd;
 
@@ -436,10 +436,10 @@ mod tiled {
         upd: Option<Update>,
     ) {
         let nr = NV * S::LANES;
+        debug_assert!(NC.is_multiple_of(nr) && MC.is_multiple_of(MR), "NC and MC hold whole panels of every tier");
         // Depth blocks of equal size, as on AVX-512.
         let kc_max = k.div_ceil(k.div_ceil(KC));
-        // Whole panels of NC columns (rounded up to panels when nr does not divide NC).
-        let bp = aligned(&mut pack.b, kc_max * NC.min(n).div_ceil(nr) * nr, KC * (NC + NR));
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(nr) * nr), KC * NC);
         let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR), KC * MC);
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
@@ -635,7 +635,7 @@ mod avx512 {
         // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
         // block would pay a full C-tile update for little work.
         let kc_max = k.div_ceil(k.div_ceil(KC));
-        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR), KC * (NC + NR));
+        let bp = aligned(&mut pack.b, kc_max * NC.min(n.div_ceil(NR) * NR), KC * NC);
         let ap = aligned(&mut pack.a, kc_max * MC.min(m.div_ceil(MR) * MR), KC * MC);
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);

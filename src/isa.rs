@@ -125,7 +125,10 @@ impl IsaChoice {
     /// `LBBSP_ISA`, or `Auto` when it is unset.
     pub fn from_env() -> Result<IsaChoice> {
         match std::env::var("LBBSP_ISA") {
-            Ok(v) => v.parse().map_err(|e: Error| Error::Config { field: "LBBSP_ISA".into(), msg: e.to_string() }),
+            Ok(v) => v.parse().map_err(|e: Error| match e {
+                Error::Config { msg, .. } => Error::Config { field: "LBBSP_ISA".into(), msg },
+                other => other,
+            }),
             Err(_) => Ok(IsaChoice::Auto),
         }
     }

@@ -47,9 +47,9 @@ fn shares(records: &[IterRecord]) -> Vec<f64> {
         .collect()
 }
 
-/// Rank 1's relative distance from its equal-time share at each iteration.
-fn deviation(records: &[IterRecord]) -> Vec<f64> {
-    records.iter().zip(shares(records)).map(|(r, share)| (r.batch_sizes[1] as f64 - share).abs() / share).collect()
+/// Rank 1's relative distance from its equal-time share `share` at each iteration.
+fn deviation(records: &[IterRecord], share: &[f64]) -> Vec<f64> {
+    records.iter().zip(share).map(|(r, &share)| (r.batch_sizes[1] as f64 - share).abs() / share).collect()
 }
 
 /// Runs `claim` on a share run, and once more on a second independent run if the first fails: this
@@ -70,11 +70,11 @@ fn holds_twice(ranks: usize, claim: fn(usize, &[IterRecord]) -> Result<(), Strin
 /// within 30%), and is never starved (from iteration 30 on, never below a quarter of its share).
 fn sheds_work_and_is_never_starved(ranks: usize, records: &[IterRecord]) -> Result<(), String> {
     let sizes: Vec<usize> = records.iter().map(|r| r.batch_sizes[1]).collect();
-    let dev = deviation(records);
+    let share = shares(records);
+    let dev = deviation(records, &share);
     let mut late: Vec<f64> = dev[45..].to_vec();
     late.sort_by(f64::total_cmp);
     let median = late[late.len() / 2];
-    let share = shares(records);
     let starved: Vec<usize> = (30..records.len()).filter(|&t| (sizes[t] as f64) < 0.25 * share[t]).collect();
     let moved = (sizes[40] as f64) < 0.8 * sizes[28] as f64;
     if moved && median <= 0.30 && starved.is_empty() {
@@ -97,7 +97,7 @@ fn stays_in_the_15_percent_band(ranks: usize, records: &[IterRecord]) -> Result<
     if sizes[34] as f64 > 0.7 * sizes[28] as f64 {
         return Err(format!("{ranks} ranks: sizes must move after the slowdown by iteration 34: {sizes:?}"));
     }
-    let deviation = deviation(records);
+    let deviation = deviation(records, &shares(records));
     let mut off = Vec::new();
     for t in 35..records.len() {
         // The 7 iterations around t, shifted inside 35.. at both ends (not cut to 4 there).
