@@ -90,11 +90,9 @@ impl Default for BalanceConfig {
             b_max: None,
             forgetting: 0.9,
             slope_forgetting: 0.995,
-            // A co-located job often slows a rank by 15–25%; beyond 25% only, such a change fell
-            // in the Huber band and was learned over ~15 iterations (or, straddling 25%, kept
-            // restarting its confirmation). 12 paired runs of the slowed-rank share test: 5 of 24
-            // runs left the band at 0.25 (two failed their repeat too), 1 of 24 at 0.15; the
-            // interference benchmark's throughput and recovery unchanged.
+            // A co-located job often slows a rank by 15–25%: the band must be narrower than that,
+            // or such a change falls inside it and is learned slowly with Huber weights instead of
+            // being confirmed and adopted as a new speed.
             outlier: 0.15,
             dead_band: 0.002,
             confirm_iters: 3,

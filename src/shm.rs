@@ -7,9 +7,9 @@
 //! need from theirs. For W1's 2.1 MB gradient on two ranks a reduce-scatter is a 1 MB copy, a
 //! barrier and a 1 MB add, with no message protocol and no kernel copy; the
 //! [`ring`](crate::ring) on `MPI_Sendrecv` pays Open MPI's rendezvous and a CMA copy per step.
-//! In the training loop (W1, two ranks) the window was 6–7% faster in paired runs against the ring,
-//! mostly because it held up in the slow phases of the shared host where the ring's copies stalled
-//! (`lbbsp bench allreduce` compares the two and `MPI_Allreduce`).
+//! Plain loads and stores also keep working when the host's memory system is contended, where the
+//! ring's kernel copies stall (`lbbsp bench allreduce` compares the window, the ring and
+//! `MPI_Allreduce`).
 //!
 //! Each rank's segment holds two outboxes of the buffer's length, used alternately by successive
 //! collectives: the writes of call `k + 2` cannot race the reads of call `k`, since every rank
