@@ -80,6 +80,11 @@ pub struct BalanceConfig {
     pub probe_iters: usize,
     /// Relative size change of the probing iterations.
     pub probe_amplitude: f64,
+    /// A metrics file (`lbbsp train --metrics`) of an earlier run whose per-iteration batch sizes
+    /// this run uses instead of the policy's. A balanced split follows the timings of its run, so
+    /// this is how an `lbbsp` run is reproduced bit for bit: same recipe, same world size, the
+    /// first run's sizes. The policy still observes every iteration (its state is what it would be).
+    pub replay: Option<std::path::PathBuf>,
 }
 
 impl Default for BalanceConfig {
@@ -99,6 +104,7 @@ impl Default for BalanceConfig {
             warmup_iters: 5,
             probe_iters: 6,
             probe_amplitude: 0.25,
+            replay: None,
         }
     }
 }

@@ -5,7 +5,6 @@
 //! concatenated in order, so nesting keeps the model's single flat buffer and its table the only
 //! source of truth: a nested tensor is just a sub-slice, named with dots (`body.0.weight`).
 
-use crate::fused::SgdStep;
 use crate::layers::{Io, Layer, Pass};
 use crate::rng::Rng;
 use std::ops::Range;
@@ -130,26 +129,6 @@ impl Chain {
     pub fn backward(&mut self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], dx: Option<&mut [f32]>, b: usize) {
         assert!(g.len() == self.n_params(), "chain: wrong gradient slice");
         self.walk_back(x, dy, dx, b, &mut |layer, r, io, dy, dx| layer.backward(&p[r.clone()], &mut g[r], io, dy, dx));
-    }
-
-    /// [`Chain::backward`] with the momentum-SGD step of every layer's parameters taken as the pass
-    /// reaches it (see [`crate::fused`]): `p` and its velocity `v` come out updated, `g` is scratch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_step(
-        &mut self,
-        (p, v): (&mut [f32], &mut [f32]),
-        g: &mut [f32],
-        step: SgdStep,
-        x: &[f32],
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-        b: usize,
-    ) {
-        let n = self.n_params();
-        assert!(g.len() == n && p.len() == n && v.len() == n, "chain: wrong parameter, velocity or gradient slice");
-        self.walk_back(x, dy, dx, b, &mut |layer, r, io, dy, dx| {
-            layer.backward_step((&mut p[r.clone()], &mut v[r.clone()]), &mut g[r], step, io, dy, dx)
-        });
     }
 
     /// Calls `back(layer, its parameter range, io, dy, dx)` for the layers from the top down.

@@ -10,7 +10,7 @@
 //! Columns of `C` are split over the [`team`] in `NR`-aligned chunks (rows when `C` is narrow),
 //! each thread packing into its own reused buffers, so a steady-state call allocates nothing. On
 //! AVX-512 the packing uses register transposes (`src/pack.rs`), the tile prefetches what its
-//! epilogue touches and can apply an SGD step in place of storing, and `A·Bᵀ` with both operands
+//! epilogue touches, and `A·Bᵀ` with both operands
 //! row-major (a fully connected layer's forward pass) skips the packing: `src/dot.rs` takes dot
 //! products of their contiguous rows.
 //!
@@ -18,7 +18,6 @@
 //! of `A`: the reduction over `k` is blocked identically for every tile.
 
 use crate::dot;
-use crate::fused::{SgdStep, Update};
 use crate::isa::Isa;
 use crate::team;
 
@@ -53,7 +52,7 @@ pub fn gemm(
     beta: f32,
     c: &mut [f32],
 ) {
-    product(Isa::active(), ta, tb, (m, n, k), alpha, a, b, beta, c, None);
+    product(Isa::active(), ta, tb, (m, n, k), alpha, a, b, beta, c);
 }
 
 /// [`gemm`] on a given tier (which the CPU must support), whatever tier the process uses: for
@@ -70,28 +69,7 @@ pub fn gemm_on(
     c: &mut [f32],
 ) {
     assert!(isa.supported(), "gemm_on: this CPU cannot run the {isa} tier");
-    product(isa, ta, tb, (m, n, k), alpha, a, b, beta, c, None);
-}
-
-/// `G = op(A)·op(B)` taken at once as the gradient of the parameters `p` (laid out like `G`, `m×n`
-/// row-major) by the momentum-SGD step `step` with velocity `v` (see [`crate::fused`]): the register
-/// tiles update `v` and `p` where they would have stored `G`. `g` is scratch (`m×n`; the depth
-/// blocks of a long `k` accumulate there): its contents afterwards are unspecified.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_sgd(
-    ta: Trans,
-    tb: Trans,
-    (m, n, k): (usize, usize, usize),
-    a: &[f32],
-    b: &[f32],
-    g: &mut [f32],
-    p: &mut [f32],
-    v: &mut [f32],
-    step: SgdStep,
-) {
-    assert!(p.len() == m * n && v.len() == m * n, "gemm_sgd: parameters and velocity must be {m}×{n}");
-    let upd = Update { p: p.as_mut_ptr(), v: v.as_mut_ptr(), step };
-    product(Isa::active(), ta, tb, (m, n, k), 1.0, a, b, 0.0, g, Some(upd));
+    product(isa, ta, tb, (m, n, k), alpha, a, b, beta, c);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -105,7 +83,6 @@ fn product(
     b: &[f32],
     beta: f32,
     c: &mut [f32],
-    upd: Option<Update>,
 ) {
     assert_eq!(a.len(), m * k, "gemm: A has {} elements, expected {m}×{k}", a.len());
     assert_eq!(b.len(), k * n, "gemm: B has {} elements, expected {k}×{n}", b.len());
@@ -126,9 +103,8 @@ fn product(
     let threads = if m * n * k < 1 << 17 { 1 } else { rayon::current_num_threads().min(team::size()) };
     let cptr = SendPtr(c.as_mut_ptr());
     // SAFETY (both closures): `split` hands out disjoint blocks of rows × columns of C, and each
-    // block's rows `i0..i0+rows` and columns `j0..j0+cols` lie inside `c` (length m·n, asserted), and
-    // inside the parameters and velocity of an update (same length, asserted by `gemm_sgd`).
-    if upd.is_none() && ta == Trans::N && tb == Trans::T && (1..=dot::MAX_K).contains(&k) {
+    // block's rows `i0..i0+rows` and columns `j0..j0+cols` lie inside `c` (length m·n, asserted).
+    if ta == Trans::N && tb == Trans::T && (1..=dot::MAX_K).contains(&k) {
         // x·Wᵀ: dot products of contiguous rows, no packing (the choice depends on k only, so a row
         // of C is the same whatever m).
         let prefer = if n * k >= WEIGHTS_WORTH_KEEPING { Prefer::Cols } else { Prefer::Tiles };
@@ -143,29 +119,24 @@ fn product(
             }
         });
     }
-    let prefer = if upd.is_some() && m * n >= WEIGHTS_WORTH_KEEPING { Prefer::Rows } else { Prefer::Tiles };
-    split(m, n, threads, (engine.tile(), prefer), &|i0, rows, j0, cols| unsafe {
-        let upd = upd.map(|u| u.at(i0 * n + j0));
-        engine.run(rows, cols, k, alpha, av, bv, beta, cptr.get().add(i0 * n + j0), n, i0, j0, upd)
+    split(m, n, threads, (engine.tile(), Prefer::Tiles), &|i0, rows, j0, cols| unsafe {
+        engine.run(rows, cols, k, alpha, av, bv, beta, cptr.get().add(i0 * n + j0), n, i0, j0)
     });
 }
 
-/// Weights (floats) from which [`Prefer`] keeps a layer's rows of W on one thread: smaller ones stay in
-/// both cores' caches anyway (W2's layers: −2.5% when kept, in 12 interleaved runs).
+/// Weights (floats) from which [`Prefer::Cols`] keeps a layer's rows of W on one thread: smaller
+/// weights fit in both cores' caches, so keeping them in place buys nothing and can cost balance.
 const WEIGHTS_WORTH_KEEPING: usize = 1 << 16;
 
-/// How a product's blocks follow a layer's weights across its passes.
+/// How a product's blocks are cut over the team.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Prefer {
     /// Whichever split gives the busiest thread fewer tiles.
     Tiles,
-    /// Columns of C (`x·Wᵀ`: rows of W) or rows of C (`dW`: rows of W), when that costs the busiest
-    /// thread at most ~10% more tiles. A layer's forward and weight-gradient products then give each
-    /// thread the same rows of W (the caller takes the first block), so the weights, and the momentum
-    /// an update in backward writes, stay in that core's caches instead of crossing to the other
-    /// core every pass (W1, one process: +7% paired median in two interleaved runs of 12 and 20).
+    /// Columns of C (`x·Wᵀ`: rows of W), when that costs the busiest thread at most ~10% more tiles:
+    /// each thread then reads only its own rows of W, which stay in that core's caches from one
+    /// step to the next instead of crossing to the other core.
     Cols,
-    Rows,
 }
 
 /// Runs `block(i0, rows, j0, cols)` over blocks of an `m×n` product on up to `threads` threads of
@@ -185,7 +156,6 @@ fn split(
     let (by_cols, by_rows) = (panels_n.div_ceil(threads) * panels_m, panels_m.div_ceil(threads) * panels_n);
     let cols = match prefer {
         Prefer::Cols => by_cols * 10 <= by_rows * 11,
-        Prefer::Rows => by_rows * 10 > by_cols * 11,
         Prefer::Tiles => by_cols <= by_rows,
     };
     if cols {
@@ -267,11 +237,10 @@ impl Engine {
     }
 
     /// The block of C at rows `i0..i0+m`, columns `j0..j0+n` of the whole product; `c` points at
-    /// its first element and has row stride `ldc`. With `upd`, the finished block is a gradient
-    /// applied to the parameters `upd` points at (same layout), and `c` holds unspecified values.
+    /// its first element and has row stride `ldc`.
     ///
     /// # Safety
-    /// The block (`m` rows of `n` columns at stride `ldc` from `c`, and from `upd`'s pointers) must
+    /// The block (`m` rows of `n` columns at stride `ldc` from `c`) must
     /// be valid for writes and touched by no one else during the call. Only a raw pointer describes it: the blocks of the
     /// column split interleave in memory, so a slice spanning one would overlap the others'.
     #[allow(clippy::too_many_arguments)]
@@ -288,7 +257,6 @@ impl Engine {
         ldc: usize,
         i0: usize,
         j0: usize,
-        upd: Option<Update>,
     ) {
         if k == 0 {
             // No depth: C = beta·C on every tier (the kernels below assume k ≥ 1).
@@ -296,17 +264,17 @@ impl Engine {
                 let row = std::slice::from_raw_parts_mut(c.add(r * ldc), n);
                 row.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
             }
-            return crate::fused::apply_rows(upd, c, ldc, m, n);
+            return;
         }
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-512F was detected at run time.
             Engine::Avx512 => PACK
-                .with_borrow_mut(|p| unsafe { avx512::run(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0), upd) }),
+                .with_borrow_mut(|p| unsafe { avx512::run(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0)) }),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2 and FMA were detected at run time.
             Engine::Avx2 => PACK.with_borrow_mut(|p| unsafe {
-                tiled::run_avx2(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0), upd)
+                tiled::run_avx2(p, (m, n, k), alpha, a, b, beta, (c, ldc), (i0, j0))
             }),
             Engine::Portable => PACK.with_borrow_mut(|p| unsafe {
                 tiled::run::<crate::isa::Portable, { PORTABLE_TILE.0 }, { PORTABLE_TILE.1 }>(
@@ -318,7 +286,6 @@ impl Engine {
                     beta,
                     (c, ldc),
                     (i0, j0),
-                    upd,
                 )
             }),
         }
@@ -390,7 +357,6 @@ fn aligned(v: &mut Vec<f32>, len: usize, cap: usize) -> &mut [f32] {
 /// and its register tile, compiled once per tier.
 mod tiled {
     use super::{aligned, Packed, View, KC, MC, NC};
-    use crate::fused::{apply_rows, Update};
     use crate::isa::Simd;
 
     /// [`run`] compiled for AVX2 + FMA.
@@ -409,15 +375,14 @@ mod tiled {
         beta: f32,
         c: (*mut f32, usize),
         at: (usize, usize),
-        upd: Option<Update>,
     ) {
         run::<crate::isa::Avx2, { super::AVX2_TILE.0 }, { super::AVX2_TILE.1 }>(
-            pack, mnk, alpha, a, b, beta, c, at, upd,
+            pack, mnk, alpha, a, b, beta, c, at,
         )
     }
 
     /// The blocked product for one C block (see [`super::Engine::run`]) with an `MR × NV·LANES`
-    /// register tile. With `upd`, the block is finished as C and then applied row by row.
+    /// register tile.
     ///
     /// # Safety
     /// The CPU must support `S`'s tier; `c` must point at `m` rows of `n` columns at stride `ldc`,
@@ -433,7 +398,6 @@ mod tiled {
         beta: f32,
         (c, ldc): (*mut f32, usize),
         (i0, j0): (usize, usize),
-        upd: Option<Update>,
     ) {
         let nr = NV * S::LANES;
         debug_assert!(NC.is_multiple_of(nr) && MC.is_multiple_of(MR), "NC and MC hold whole panels of every tier");
@@ -463,7 +427,6 @@ mod tiled {
                 }
             }
         }
-        apply_rows(upd, c, ldc, m, n)
     }
 
     /// Packs rows `i0..i0+mc` × depth `p0..p0+kc` of op(A) into MR-row panels (`kc·MR` each,
@@ -610,7 +573,6 @@ mod tiled {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{aligned, Packed, View, KC, MC, MR, NC, NR};
-    use crate::fused::Update;
     use crate::pack::{pack_a_cols, pack_a_rows, pack_b_rows, pack_b_transposed};
     use std::arch::x86_64::*;
 
@@ -630,7 +592,6 @@ mod avx512 {
         beta: f32,
         (c, ldc): (*mut f32, usize),
         (i0, j0): (usize, usize),
-        upd: Option<Update>,
     ) {
         // Depth blocks of equal size (784 = 3 × 262 rather than 256 + 256 + 256 + 16): a thin last
         // block would pay a full C-tile update for little work.
@@ -646,10 +607,8 @@ mod avx512 {
                 } else {
                     pack_b_transposed(b, pc, kc, j0 + jc, nc, bp);
                 }
-                // The first depth block applies the caller's beta; later ones accumulate; the last
-                // one hands a gradient to the update.
+                // The first depth block applies the caller's beta; later ones accumulate.
                 let beta_blk = if pc == 0 { beta } else { 1.0 };
-                let upd_blk = upd.filter(|_| pc + kc == k);
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
                     if a.cs == 1 {
@@ -664,8 +623,7 @@ mod avx512 {
                             let rows = MR.min(mc - ir);
                             let apan = ap.as_ptr().add(ir * kc);
                             let off = (ic + ir) * ldc + jc + jr;
-                            let upd = upd_blk.map(|u| u.at(off));
-                            tile(kc, apan, bpan, c.add(off), ldc, (rows, cols), alpha, beta_blk, upd);
+                            tile(kc, apan, bpan, c.add(off), ldc, (rows, cols), alpha, beta_blk);
                         }
                     }
                 }
@@ -673,8 +631,7 @@ mod avx512 {
         }
     }
 
-    /// One MR×NR tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C), or with
-    /// `upd` that sum taken as the gradient of the tile's parameters (C is not written).
+    /// One MR×NR tile: `C[rows×cols] = alpha · Ap·Bp + beta · C` (beta 0 ignores C).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
@@ -686,28 +643,15 @@ mod avx512 {
         (rows, cols): (usize, usize),
         alpha: f32,
         beta: f32,
-        upd: Option<Update>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-        // The lines the epilogue touches (C's, or with an update the parameters' and velocity's) are
-        // fetched while the tile computes, one 16-lane row half per depth step: the hardware
+        // The lines of C the epilogue touches are fetched while the tile computes, one 16-lane row half per depth step: the hardware
         // prefetchers do not follow 12 rows at a stride, fetching them all at once overflows the miss
         // buffers, and C's lines come in owned (a store to a line not in cache waits for it).
         let (mut a, mut b) = (a, b);
         for step in 0..kc {
-            match upd {
-                Some(u) if step < 4 * rows => {
-                    // Row step / 4; its first or second half; parameters or velocity.
-                    let (r, h, v) = (step / 4, (step / 2) % 2, step % 2 == 1);
-                    if 16 * h < cols {
-                        let at = if v { u.v } else { u.p };
-                        _mm_prefetch::<_MM_HINT_T0>(at.add(r * ldc + 16 * h) as *const i8);
-                    }
-                }
-                None if step < 2 * rows && 16 * (step % 2) < cols => {
-                    _mm_prefetch::<_MM_HINT_ET0>(c.add(step / 2 * ldc + 16 * (step % 2)) as *const i8);
-                }
-                _ => {}
+            if step < 2 * rows && 16 * (step % 2) < cols {
+                _mm_prefetch::<_MM_HINT_ET0>(c.add(step / 2 * ldc + 16 * (step % 2)) as *const i8);
             }
             let b0 = _mm512_loadu_ps(b);
             let b1 = _mm512_loadu_ps(b.add(16));
@@ -740,13 +684,7 @@ mod avx512 {
                 if beta != 0.0 {
                     v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, p), v);
                 }
-                match upd {
-                    None => _mm512_mask_storeu_ps(p, mask, v),
-                    Some(u) => {
-                        let u = u.at(r * ldc + 16 * h);
-                        u.step.apply16(u.p, u.v, mask, v)
-                    }
-                }
+                _mm512_mask_storeu_ps(p, mask, v);
             }
         }
     }

@@ -11,8 +11,7 @@
 //! holds the element-wise and fully connected layers; [`crate::conv`], [`crate::pool`],
 //! [`crate::norm`], [`crate::dropout`] and [`crate::residual`] hold the rest.
 
-use crate::fused::SgdStep;
-use crate::gemm::{gemm, gemm_sgd, Trans};
+use crate::gemm::{gemm, Trans};
 use crate::rng::Rng;
 use crate::team;
 use ndarray::{ArrayView2, ArrayViewMut2, Zip};
@@ -58,22 +57,6 @@ pub trait Layer: Send {
     fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass);
     /// Given `dy = ∂L/∂y`, writes `∂L/∂p` into `g` and, when asked, `∂L/∂x` into `dx`.
     fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>);
-    /// [`Layer::backward`] with the parameters' momentum-SGD step taken in it (see [`crate::fused`]):
-    /// `p` and its velocity `v` come out updated, `g` holds unspecified values. The default runs
-    /// the backward pass and then the step; a layer may instead apply the step as each gradient
-    /// value is formed, with the same bits.
-    fn backward_step(
-        &mut self,
-        (p, v): (&mut [f32], &mut [f32]),
-        g: &mut [f32],
-        step: SgdStep,
-        io: Io,
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-    ) {
-        self.backward(p, g, io, dy, dx);
-        step.apply(p, g, v);
-    }
     /// True for a layer whose output is its input, reshaped (its forward and backward copy): a
     /// chain then skips it and hands the layer above the input's buffer itself.
     fn is_reshape(&self) -> bool {
@@ -130,27 +113,6 @@ impl Layer for Linear {
             let w = &p[..self.out * self.inp];
             gemm(Trans::N, Trans::N, b, self.inp, self.out, 1.0, dy, w, 0.0, &mut dx[..b * self.inp]);
         }
-    }
-    /// The input gradient first (it needs the old weights), then the weight gradient's GEMM
-    /// updates the weights tile by tile; the bias takes its step from the column sums.
-    fn backward_step(
-        &mut self,
-        (p, v): (&mut [f32], &mut [f32]),
-        g: &mut [f32],
-        step: SgdStep,
-        io: Io,
-        dy: &[f32],
-        dx: Option<&mut [f32]>,
-    ) {
-        let (b, nw) = (io.b, self.out * self.inp);
-        let dy = &dy[..b * self.out];
-        if let Some(dx) = dx {
-            gemm(Trans::N, Trans::N, b, self.inp, self.out, 1.0, dy, &p[..nw], 0.0, &mut dx[..b * self.inp]);
-        }
-        let ((w, bias), (vw, vb), (gw, gb)) = (p.split_at_mut(nw), v.split_at_mut(nw), g.split_at_mut(nw));
-        gemm_sgd(Trans::T, Trans::N, (self.out, self.inp, b), dy, &io.x[..b * self.inp], gw, w, vw, step);
-        column_sums(dy, gb);
-        step.apply(bias, gb, vb);
     }
 }
 

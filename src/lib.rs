@@ -49,7 +49,6 @@ mod dot;
 pub mod dropout;
 pub mod error;
 pub mod fetch;
-pub mod fused;
 pub mod gemm;
 pub mod idx;
 pub mod interfere;

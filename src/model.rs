@@ -14,7 +14,6 @@ use crate::chain::Chain;
 use crate::conv::{out_len, Conv2d};
 use crate::dropout::Dropout;
 use crate::error::{Error, Result};
-use crate::fused::SgdStep;
 use crate::layers::{Flatten, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
 use crate::loss::{Loss, LossStats};
 use crate::norm::GroupNorm;
@@ -348,33 +347,6 @@ impl Model {
         let w = self.output_dim();
         let stats = self.loss.evaluate(self.chain.output(b), &self.labels[..b], w, scale, Some(&mut self.dlogits));
         self.chain.backward(&self.params, &mut self.grads, &self.input, &self.dlogits[..b * w], None, b);
-        stats
-    }
-
-    /// [`Model::forward_backward`] for one process training with momentum SGD: every layer's
-    /// parameters take `step` (velocity `velocity`, laid out like the parameters) as the backward pass
-    /// reaches them, instead of a separate pass over the flat buffers afterwards (see
-    /// [`crate::fused`]). Same bits as `forward_backward` followed by the optimizer's step;
-    /// `grads` holds unspecified values afterwards.
-    pub fn forward_backward_step(
-        &mut self,
-        b: usize,
-        scale: f32,
-        mode: Mode,
-        velocity: &mut [f32],
-        step: SgdStep,
-    ) -> LossStats {
-        assert_eq!(velocity.len(), self.params.len(), "velocity laid out like the parameters");
-        if b == 0 {
-            self.grads.fill(0.0);
-            step.apply(&mut self.params, &self.grads, velocity);
-            return LossStats::default();
-        }
-        self.forward_layers(b, mode);
-        let w = self.output_dim();
-        let stats = self.loss.evaluate(self.chain.output(b), &self.labels[..b], w, scale, Some(&mut self.dlogits));
-        let dy = &self.dlogits[..b * w];
-        self.chain.backward_step((&mut self.params, velocity), &mut self.grads, step, &self.input, dy, None, b);
         stats
     }
 }

@@ -6,7 +6,6 @@
 
 pub use crate::clip::{clip_grad_norm, clip_grad_norm_blocks};
 use crate::error::{Error, Result};
-use crate::fused::SgdStep;
 use crate::team;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -318,9 +317,25 @@ impl Sgd {
             });
             return;
         }
-        // The same arithmetic as a step taken inside backward, by construction.
-        let step = SgdStep { lr, momentum: mu, weight_decay: wd, nesterov: self.nesterov };
-        step.apply(params, grads, &mut self.velocity[block]);
+        // The Nesterov choice is hoisted out of the loop so that each one vectorises; the chunks
+        // are element-wise, so they give the bits of one loop.
+        let nesterov = self.nesterov;
+        team::zip_chunks_mut([params, &mut self.velocity[block]], CHUNK, &|i, [ps, vs]| {
+            let it = ps.iter_mut().zip(&grads[i * CHUNK..]).zip(vs.iter_mut());
+            if nesterov {
+                for ((p, &g), v) in it {
+                    let g = g + wd * *p;
+                    *v = mu * *v + g;
+                    *p -= lr * (g + mu * *v);
+                }
+            } else {
+                for ((p, &g), v) in it {
+                    let g = g + wd * *p;
+                    *v = mu * *v + g;
+                    *p -= lr * *v;
+                }
+            }
+        });
     }
 }
 

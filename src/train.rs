@@ -24,7 +24,6 @@ use crate::checkpoint::{self, Progress, Snapshot};
 use crate::comm::Communicator;
 use crate::dataset::{Dataset, Splits};
 use crate::error::{Error, Result};
-use crate::fused::SgdStep;
 use crate::layers::Mode;
 use crate::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
 use crate::model::Model;
@@ -134,6 +133,10 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let mut pos = (start.epoch, start.batch_in_epoch);
     let started = Instant::now();
 
+    let replayed = match &recipe.balance.replay {
+        Some(path) => Some(Replay::read(path, world, cfg.global_batch)?),
+        None => None,
+    };
     let mut obs: Vec<Observation> = Vec::with_capacity(world);
     // (iteration, loss, lr) of a non-finite loss: the same on every rank (the loss is summed from the
     // gathered stats), so all ranks stop together.
@@ -153,14 +156,15 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let batch = plan.batch(t);
             // The balancer's split of B; the short last batch of an epoch keeps its proportions.
-            let sizes = rescale(balancer.sizes(), batch.len());
+            let sizes = match &replayed {
+                Some(r) => r.sizes(iter, batch.len())?,
+                None => rescale(balancer.sizes(), batch.len()),
+            };
             let slice = &batch[slice_for(&sizes, rank)];
             let mode = Mode { train: true, seed: cfg.seed, epoch: epoch as u64 };
 
             let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
             let clip = recipe.optimizer.clip_grad_norm;
-            // One process with momentum SGD takes the step inside backward (`fused`): nothing to sum.
-            let mut fused = SgdStep::for_run(&mut opt, world, clip, lr);
 
             // Compute: this rank's share of Σ_j ∇ℓ_j / B.
             let t0 = Instant::now();
@@ -168,10 +172,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             data.train.gather_into(slice, x, y);
             ids.copy_from_slice(slice);
             let scale = 1.0 / batch.len() as f32;
-            let local = match fused.as_mut() {
-                Some((step, velocity)) => model.forward_backward_step(slice.len(), scale, mode, velocity, *step),
-                None => model.forward_backward(slice.len(), scale, mode),
-            };
+            let local = model.forward_backward(slice.len(), scale, mode);
             stretch(&opts.slowdowns, rank, iter, t0.elapsed());
             let compute_s = t0.elapsed().as_secs_f64();
             let cpu = sampler.sample();
@@ -195,9 +196,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             if let Some(max_norm) = clip {
                 sync.clip_grad_norm(comm, &mut model.grads[block.clone()], max_norm);
             }
-            if fused.is_none() {
-                opt.step_block(&mut model.params, &model.grads, lr, block);
-            }
+            opt.step_block(&mut model.params, &model.grads, lr, block);
             let took = sync.all_gather(comm, &mut model.params);
             obs.clear();
             obs.extend(sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
@@ -302,6 +301,50 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         evals,
         stragglers: straggler_report(&records),
     })
+}
+
+/// The batch sizes of an earlier run (`balance.replay`), by iteration.
+struct Replay {
+    path: PathBuf,
+    sizes: Vec<Vec<usize>>,
+}
+
+impl Replay {
+    fn read(path: &std::path::Path, world: usize, global_batch: usize) -> Result<Replay> {
+        let records = crate::metrics::read_records(path)?;
+        let mut sizes = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            if r.iter != i {
+                let msg = format!("record {} is iteration {}: the file must hold iterations 0, 1, 2, … in order", i + 1, r.iter);
+                return Err(Error::data(path, msg));
+            }
+            if r.batch_sizes.len() != world || r.global_batch > global_batch {
+                let msg = format!(
+                    "iteration {i} split B = {} over {} rank(s); this run has B = {global_batch} on {world} rank(s)                      (balance.replay needs a run of the same recipe on as many ranks)",
+                    r.global_batch,
+                    r.batch_sizes.len()
+                );
+                return Err(Error::data(path, msg));
+            }
+            sizes.push(r.batch_sizes.clone());
+        }
+        Ok(Replay { path: path.to_path_buf(), sizes })
+    }
+
+    /// The sizes of iteration `iter`, whose batch holds `batch` samples.
+    fn sizes(&self, iter: usize, batch: usize) -> Result<Vec<usize>> {
+        match self.sizes.get(iter) {
+            Some(s) if s.iter().sum::<usize>() == batch => Ok(s.clone()),
+            Some(s) => Err(Error::data(
+                &self.path,
+                format!("iteration {iter} split {} samples, this run's batch has {batch}", s.iter().sum::<usize>()),
+            )),
+            None => Err(Error::data(
+                &self.path,
+                format!("holds {} iterations, this run reached iteration {iter}: replay a run at least as long", self.sizes.len()),
+            )),
+        }
+    }
 }
 
 /// Loss and accuracy on `test`, each rank taking a contiguous shard, reduced over ranks.

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Shows that a change kept behaviour: the loss trajectories of this checkout and of BASE (a git
+# revision) are bitwise equal, on this host and tier.
+#
+#   scripts/same_trajectory.sh BASE        e.g. scripts/same_trajectory.sh 66316ae
+#
+# Runs, each on both builds:
+#   digits-mlp, 1 rank, policy lbbsp (200 iterations);
+#   digits-mlp, 3 ranks under mpirun, policy lbbsp with rank 1 slowed 3× from iteration 20 (200
+#     iterations). A balanced split follows the run's timings, so this checkout replays BASE's
+#     batch sizes (`balance.replay`) and must then give BASE's losses exactly;
+#   mnist-lenet5, 1 rank (50 iterations).
+# BASE is built in a worktree under target/same-trajectory (its own target folder, reused).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:?usage: scripts/same_trajectory.sh BASE_REVISION}
+data=${LBBSP_DATA:-../shared/datasets}
+work=target/same-trajectory
+mkdir -p "$work"
+rev=$(git rev-parse --verify "$base^{commit}")
+if [ ! -d "$work/base" ]; then
+  git worktree add -f --detach "$work/base" "$rev" >/dev/null
+else
+  git -C "$work/base" checkout -q --detach "$rev"
+fi
+echo "same_trajectory: building $rev and this checkout" >&2
+(cd "$work/base" && CARGO_TARGET_DIR=../target cargo build --release -q --bin lbbsp)
+cargo build --release -q --bin lbbsp
+old=$work/target/release/lbbsp
+new=target/release/lbbsp
+mpi=(mpirun -n 3 --oversubscribe)
+common=(--data-dir "$data" -q)
+
+compare() {  # NAME BASE.jsonl NEW.jsonl
+  python3 - "$@" <<'EOF'
+import json, sys
+name, a, b = sys.argv[1:4]
+ra = [json.loads(l) for l in open(a) if l.strip()]
+rb = [json.loads(l) for l in open(b) if l.strip()]
+bad = [i for i, (x, y) in enumerate(zip(ra, rb)) if x["loss"] != y["loss"] or x["batch_sizes"] != y["batch_sizes"]]
+if len(ra) != len(rb) or bad or not ra:
+    first = bad[0] if bad else min(len(ra), len(rb))
+    print(f"same_trajectory: {name}: DIFFERENT ({len(ra)} vs {len(rb)} iterations; first difference at {first})")
+    sys.exit(1)
+print(f"same_trajectory: {name}: {len(ra)} iterations, losses and batch sizes bitwise equal")
+EOF
+}
+
+status=0
+run_both() {  # NAME LAUNCH... -- ARGS...
+  local name=$1; shift
+  local launch=()
+  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
+  shift
+  "${launch[@]}" "$old" train "$@" "${common[@]}" --metrics "$work/$name.base.jsonl"
+  local extra=()
+  [ "$name" = digits-mlp-3-ranks ] && extra=(--set "balance.replay=$work/$name.base.jsonl")
+  "${launch[@]}" "$new" train "$@" "${extra[@]}" "${common[@]}" --metrics "$work/$name.new.jsonl"
+  compare "$name" "$work/$name.base.jsonl" "$work/$name.new.jsonl" || status=1
+}
+
+run_both digits-mlp-1-rank -- digits-mlp --set balance.policy=lbbsp --set train.max_iters=200
+run_both digits-mlp-3-ranks "${mpi[@]}" -- digits-mlp --threads 1 --set balance.policy=lbbsp \
+  --set train.max_iters=200 --slowdown 1:3@20
+run_both mnist-lenet5 -- mnist-lenet5 --set train.max_iters=50
+exit $status
