@@ -2,7 +2,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
-use lbbsp::rng::Rng;
+use lbbsp::data::rng::Rng;
 use std::hint::black_box;
 
 fn balance_step(c: &mut Criterion) {

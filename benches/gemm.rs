@@ -1,10 +1,10 @@
-//! GEMM throughput (GFLOP/s) of `lbbsp::gemm` on every tier this CPU can run (the benchmark id
+//! GEMM throughput (GFLOP/s) of `lbbsp::kernels::gemm` on every tier this CPU can run (the benchmark id
 //! names it), on 2048³ and on the layer shapes of W1 (MLP 784-512-256-10, batch 128): forward
 //! `x·Wᵀ`, weight gradient `dyᵀ·x`, input gradient `dy·W`. The comparison with OpenBLAS is
 //! `scripts/bench_peers.sh` (numpy on the same shapes, in the same run).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lbbsp::gemm::{gemm_on, Trans};
+use lbbsp::kernels::gemm::{gemm_on, Trans};
 use lbbsp::Isa;
 use std::hint::black_box;
 

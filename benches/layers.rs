@@ -4,14 +4,14 @@
 //! gradient except the first layers of W1 and W2 ("no dx"), for which the model never asks for it.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lbbsp::chain::Chain;
-use lbbsp::conv::Conv2d;
-use lbbsp::dropout::Dropout;
-use lbbsp::layers::{Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
-use lbbsp::norm::GroupNorm;
-use lbbsp::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
-use lbbsp::residual::Residual;
-use lbbsp::rng::Rng;
+use lbbsp::data::rng::Rng;
+use lbbsp::nn::chain::Chain;
+use lbbsp::nn::conv::Conv2d;
+use lbbsp::nn::dropout::Dropout;
+use lbbsp::nn::layers::{Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
+use lbbsp::nn::norm::GroupNorm;
+use lbbsp::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use lbbsp::nn::residual::Residual;
 use std::hint::black_box;
 
 const BATCH: usize = 64;

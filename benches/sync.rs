@@ -17,10 +17,10 @@
 //! medians and 10th percentiles (the quiet-machine cost) and their ratios to `bare` (issue 5 asks
 //! `lbbsp / bare ≤ 1.1`). `REPS` sets the count.
 
-use lbbsp::bench::slowest_sorted;
-use lbbsp::comm::{Communicator, Mpi};
-use lbbsp::model::Model;
-use lbbsp::sync::{GradSync, RankStats};
+use lbbsp::dist::comm::{Communicator, Mpi};
+use lbbsp::dist::slowest_sorted;
+use lbbsp::dist::sync::{GradSync, RankStats};
+use lbbsp::nn::model::Model;
 use mpi::collective::SystemOperation;
 use mpi::traits::CommunicatorCollectives;
 use std::hint::black_box;
@@ -40,7 +40,7 @@ fn main() -> anyhow::Result<()> {
         );
     }
     for name in ["mnist-mlp", "mnist-lenet5"] {
-        let recipe = lbbsp::recipe::resolve(name, &[])?;
+        let recipe = lbbsp::train::recipe::resolve(name, &[])?;
         let n = Model::new(&recipe.model, &[1, 28, 28], 10, recipe.train.seed)?.params.len();
         let times = measure(&comm, n, reps);
         // Per method, the slowest rank's time of each repetition, sorted.

@@ -1,15 +1,13 @@
-//! One training step (forward + backward + SGD, and the same with the SGD step inside backward as
-//! one process runs it) of the two peer workloads, in samples/s:
+//! One training step (forward + backward + SGD) of the two peer workloads, in samples/s:
 //! W1 is the `mnist-mlp` recipe at batch 128; W2 is the peers' LeNet-5 (no padding, plain SGD with
 //! momentum, see `/work/shared/peers/README.md`) at batch 64.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lbbsp::fused::SgdStep;
-use lbbsp::layers::Mode;
-use lbbsp::model::{Model, ModelSpec};
-use lbbsp::optim::{Optimizer, OptimizerConfig};
-use lbbsp::recipe::resolve;
-use lbbsp::rng::Rng;
+use lbbsp::data::rng::Rng;
+use lbbsp::nn::layers::Mode;
+use lbbsp::nn::model::{Model, ModelSpec};
+use lbbsp::train::optim::{Optimizer, OptimizerConfig};
+use lbbsp::train::recipe::resolve;
 use std::hint::black_box;
 
 /// W2 exactly as the peers build it: unpadded LeNet-5, SGD lr 0.05 momentum 0.9.
@@ -56,21 +54,12 @@ fn train_step(c: &mut Criterion) {
     let mut g = c.benchmark_group("train_step");
     for (name, spec, opt, b) in workloads {
         let (mut m, mut opt, lr) = setup(spec, opt, b);
-        let mut grads = vec![0.0; m.params.len()];
         g.throughput(Throughput::Elements(b as u64));
         g.bench_with_input(BenchmarkId::new(name, b), &b, |bench, &b| {
             bench.iter(|| {
                 let st = m.forward_backward(b, 1.0 / b as f32, mode);
-                grads.copy_from_slice(&m.grads);
-                opt.step(&mut m.params, &grads, lr);
+                opt.step(&mut m.params, &m.grads, lr);
                 black_box(st.loss_sum)
-            })
-        });
-        // As one process trains: the SGD step taken inside backward (`lbbsp::fused`).
-        g.bench_with_input(BenchmarkId::new(format!("{name}-step-in-backward"), b), &b, |bench, &b| {
-            bench.iter(|| {
-                let (step, velocity) = SgdStep::for_run(&mut opt, 1, None, lr).expect("momentum SGD");
-                black_box(m.forward_backward_step(b, 1.0 / b as f32, mode, velocity, step).loss_sum)
             })
         });
     }

@@ -8,11 +8,11 @@
 //! Rank 1 is made artificially slower (it does its work twice), so LB-BSP gives it fewer samples.
 
 use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
-use lbbsp::comm::{Communicator, Mpi};
+use lbbsp::data::rng::Rng;
+use lbbsp::dist::comm::{Communicator, Mpi};
+use lbbsp::dist::sync::{GradSync, RankStats};
 use lbbsp::profile::CpuSampler;
-use lbbsp::rng::Rng;
 use lbbsp::shard::{slice_for, EpochPlan};
-use lbbsp::sync::{GradSync, RankStats};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {

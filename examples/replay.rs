@@ -3,7 +3,7 @@ use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
 
 fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).expect("metrics.jsonl");
-    let recs = lbbsp::metrics::read_records(std::path::Path::new(&path))?;
+    let recs = lbbsp::train::metrics::read_records(std::path::Path::new(&path))?;
     let world = recs[0].batch_sizes.len();
     let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
     let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;

@@ -29,61 +29,30 @@
 //! ## Using the pieces from your own loop
 //!
 //! The CLI (`lbbsp train`) is one user of the library; yours can be another. The pieces are
-//! [`comm::Communicator`] (MPI via rsmpi, or [`comm::Local`] threads for tests),
+//! [`dist::comm::Communicator`] (MPI via rsmpi, or [`dist::comm::Local`] threads for tests),
 //! [`shard::EpochPlan`] and [`shard::slice_for`] (the sharder), [`profile::CpuSampler`] (the
-//! profiler), [`sync::GradSync`] (the gradient's sum carrying every rank's stats) and [`balance::Balancer`]
+//! profiler), [`dist::sync::GradSync`] (the gradient's sum carrying every rank's stats) and [`balance::Balancer`]
 //! (the balancer); see `examples/custom_loop.rs` and the loop
 //! in [`train::train`].
 
 pub mod balance;
-pub mod bench;
-pub mod chain;
-pub mod checkpoint;
-pub mod clip;
-pub mod comm;
-pub mod conv;
-pub mod correlate;
-pub mod csv;
-pub mod dataset;
-mod dot;
-pub mod dropout;
+pub mod data;
+pub mod dist;
 pub mod error;
-pub mod fetch;
-pub mod gemm;
-pub mod idx;
-pub mod interfere;
-pub mod isa;
-pub mod layers;
-pub mod libsvm;
-pub mod loss;
-pub mod manifest;
-pub mod metrics;
-pub mod model;
-pub mod norm;
-pub mod optim;
-mod pack;
-pub mod params;
-pub mod plot;
-pub mod pool;
+pub mod kernels;
+pub mod nn;
 pub mod profile;
-pub mod recipe;
-pub mod residual;
-pub mod ring;
-pub mod rng;
 pub mod shard;
-pub mod shm;
-pub mod sync;
-pub mod team;
 pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};
-pub use checkpoint::{Checkpoint, Progress, TrainingState};
-pub use comm::{Communicator, Local, Mpi, Solo};
-pub use dataset::{Dataset, Splits};
+pub use data::dataset::{Dataset, Splits};
+pub use dist::comm::{Communicator, Local, Mpi, Solo};
 pub use error::{Error, Result};
-pub use isa::{Isa, IsaChoice};
-pub use model::Model;
-pub use optim::{Optimizer, OptimizerConfig};
-pub use recipe::Recipe;
+pub use kernels::isa::{Isa, IsaChoice};
+pub use nn::model::Model;
 pub use shard::{slice_for, EpochPlan};
+pub use train::checkpoint::{Checkpoint, Progress, TrainingState};
+pub use train::optim::{Optimizer, OptimizerConfig};
+pub use train::recipe::Recipe;
 pub use train::{train, RunOptions, Slowdown};

@@ -18,7 +18,7 @@ pub struct EpochPlan {
 impl EpochPlan {
     pub fn new(n: usize, global_batch: usize, seed: u64, epoch: u64) -> EpochPlan {
         assert!(global_batch > 0);
-        EpochPlan { perm: crate::rng::permutation(n, &[seed, 0xE90C, epoch]), global_batch }
+        EpochPlan { perm: crate::data::rng::permutation(n, &[seed, 0xE90C, epoch]), global_batch }
     }
     /// Iterations in the epoch (the last batch may be partial).
     pub fn iterations(&self) -> usize {
@@ -82,7 +82,7 @@ mod tests {
 
     #[test]
     fn every_sample_once_with_changing_sizes() {
-        let mut rng = crate::rng::Rng::from_keys(&[11]);
+        let mut rng = crate::data::rng::Rng::from_keys(&[11]);
         let plan = EpochPlan::new(777, 64, 3, 0);
         let mut seen = vec![0; 777];
         for t in 0..plan.iterations() {

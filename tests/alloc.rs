@@ -3,11 +3,10 @@
 //!
 //! A counting global allocator counts the allocations made on the test's thread and on rayon's
 //! workers, so the harness's own threads do not disturb the count. (The GEMM's team helpers,
-//! `lbbsp::team`, are not counted: they size their packing buffers once when they start and run
+//! `lbbsp::kernels::team`, are not counted: they size their packing buffers once when they start and run
 //! only GEMM blocks, the same code the counted threads run.) A
 //! step is the library's part of an iteration of [`lbbsp::train::train`]: gather a batch into the
-//! model's input buffers, `forward_backward`, the gradient allreduce (`Solo`) and the optimizer step
-//! (or, as one process trains with momentum SGD, `forward_backward_step` with the step inside).
+//! model's input buffers, `forward_backward`, the gradient allreduce (`Solo`) and the optimizer step.
 //! `LBBSP_ALLOC_THREADS` sets the pool size (default 2), to compare one worker with two;
 //! `LBBSP_ISA` the kernels' tier (`scripts/test.sh` runs this file on every tier the CPU has).
 //!
@@ -20,10 +19,9 @@
 mod common;
 
 use common::images;
-use lbbsp::comm::Solo;
-use lbbsp::fused::SgdStep;
-use lbbsp::layers::Mode;
-use lbbsp::sync::{GradSync, RankStats};
+use lbbsp::dist::comm::Solo;
+use lbbsp::dist::sync::{GradSync, RankStats};
+use lbbsp::nn::layers::Mode;
 use lbbsp::{Model, Optimizer};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -124,18 +122,11 @@ enum Caller {
 
 /// Counts of what `steps` training steps of `recipe` allocate after `warmup` steps:
 /// `(all, injector blocks, first other backtraces)`.
-/// With `fuse`, the step is taken in backward where the loop would take it there (one process).
-fn step_allocations(
-    recipe: &str,
-    caller: Caller,
-    fuse: bool,
-    warmup: usize,
-    steps: usize,
-) -> (usize, usize, Vec<String>) {
-    let recipe = lbbsp::recipe::resolve(recipe, &[]).unwrap();
+fn step_allocations(recipe: &str, caller: Caller, warmup: usize, steps: usize) -> (usize, usize, Vec<String>) {
+    let recipe = lbbsp::train::recipe::resolve(recipe, &[]).unwrap();
     let b = recipe.train.global_batch;
     let data = images(4 * b);
-    let mut model = Model::new(&recipe.model, &lbbsp::dataset::RANDOM_MNIST_SHAPE, 10, 1).unwrap();
+    let mut model = Model::new(&recipe.model, &lbbsp::data::load::RANDOM_MNIST_SHAPE, 10, 1).unwrap();
     model.set_capacity(256);
     let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
     let order: Vec<usize> = (0..data.len()).rev().collect();
@@ -147,17 +138,11 @@ fn step_allocations(
         data.gather_into(slice, x, y);
         ids.copy_from_slice(slice);
         let mode = Mode { train: true, seed: 1, epoch: 0 };
-        let fused = if fuse { SgdStep::for_run(&mut opt, 1, None, 0.05) } else { None };
-        let stats = match fused {
-            Some((s, v)) => model.forward_backward_step(b, 1.0 / b as f32, mode, v, s),
-            None => model.forward_backward(b, 1.0 / b as f32, mode),
-        };
+        let stats = model.forward_backward(b, 1.0 / b as f32, mode);
         // The training loop's distributed step, as `train` runs it.
         let mine = RankStats { batch: b, compute_s: 1e-3, loss_sum: stats.loss_sum, ..Default::default() };
         let block = sync.reduce_scatter(&comm, &mut model.grads, &mine);
-        if !fuse {
-            opt.step_block(&mut model.params, &model.grads, 0.05, block);
-        }
+        opt.step_block(&mut model.params, &model.grads, 0.05, block);
         sync.all_gather(&comm, &mut model.params);
         stats.loss_sum
     };
@@ -195,17 +180,17 @@ fn step_allocations(
 #[test]
 fn steady_state_steps_allocate_nothing() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for (recipe, fuse) in [("bench-w1", true), ("bench-w1", false), ("bench-w2", true), ("bench-w2", false)] {
-        let (all, _, others) = step_allocations(recipe, Caller::InsidePool, fuse, 3, 20);
+    for recipe in ["bench-w1", "bench-w2"] {
+        let (all, _, others) = step_allocations(recipe, Caller::InsidePool, 3, 20);
         let isa = common::tier();
         eprintln!(
-            "{recipe} (step in backward: {fuse}, {isa} tier): {all} allocations in 20 steps inside a pool of {} \
+            "{recipe} ({isa} tier): {all} allocations in 20 steps inside a pool of {} \
              thread(s)",
             threads()
         );
         assert!(
             all == 0,
-            "{recipe} (step in backward: {fuse}, {isa} tier): {all} allocations in 20 steady-state steps; the \
+            "{recipe} ({isa} tier): {all} allocations in 20 steady-state steps; the \
              first:\n{}",
             others.join("\n----\n")
         );
@@ -218,7 +203,7 @@ fn steady_state_steps_allocate_nothing() {
 fn outside_the_pool_only_rayons_injector_allocates() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for recipe in ["bench-w1", "bench-w2"] {
-        let (all, injector, others) = step_allocations(recipe, Caller::OutsidePool, true, 3, 20);
+        let (all, injector, others) = step_allocations(recipe, Caller::OutsidePool, 3, 20);
         eprintln!(
             "{recipe}: {all} allocations in 20 steps from outside a pool of {} thread(s), {injector} of them \
              rayon injector blocks",

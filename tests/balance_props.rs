@@ -95,7 +95,7 @@ proptest! {
         // Shares of a handful of samples are dominated by integer rounding; keep ≥ 16 per rank.
         prop_assume!(b_total >= 16 * n);
         let mut bal = Balancer::new(&cfg, b_total, n).unwrap();
-        let mut rng = lbbsp::rng::Rng::from_keys(&[noise_seed]);
+        let mut rng = lbbsp::data::rng::Rng::from_keys(&[noise_seed]);
         let per_sample = 1e-4;
         let mut history = Vec::new();
         for it in 0..60 {

@@ -41,7 +41,7 @@ fn resume_is_bitwise(name: &str, ranks: usize, args: &[&str], stop: usize, iters
     let m = dir.join("resumed.jsonl");
     let resumed =
         run(with(&["-q", "--set", &full, "--resume", s(&b), "--checkpoint-every", "100", "--metrics", s(&m)]));
-    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let records = lbbsp::train::metrics::read_records(&m).unwrap();
     assert_eq!((records.len(), records[0].iter), (iters - stop, stop), "the resumed run continues at iteration {stop}");
     let from = format!("resuming from {}", s(&b.join(format!("step-{stop}"))));
     assert!(stderr(&resumed).contains(&from), "expected `{from}` in:\n{}", stderr(&resumed));
@@ -193,7 +193,7 @@ fn resume_on_another_world_size_resets_the_balancer() {
         &["train", "digits-mlp", "-q", "--set", "train.max_iters=50", "--resume", s(&ck), "--metrics", s(&m)],
     );
     assert!(stderr(&out).contains("restarts from the equal split"), "{}", stderr(&out));
-    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let records = lbbsp::train::metrics::read_records(&m).unwrap();
     assert_eq!((records.len(), records[0].iter), (10, 40));
     assert_eq!(records[0].batch_sizes.len(), 3);
 }
@@ -214,7 +214,7 @@ fn lbbsp_resume_continues_the_balancers_sizes() {
     let second: Vec<&str> =
         common.iter().copied().chain(["--set", "train.max_iters=45", "--resume", s(&ck), "--metrics", s(&m)]).collect();
     lbbsp_ok(2, &second);
-    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let records = lbbsp::train::metrics::read_records(&m).unwrap();
     assert_eq!(records[0].iter, 40);
     assert_eq!(records[0].batch_sizes, saved);
 }

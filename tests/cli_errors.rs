@@ -96,7 +96,7 @@ fn diverging_training_stops_naming_the_fix_and_keeps_the_metrics() {
     let m = dir.join("m.jsonl");
     let args = ["train", "digits-mlp", "-q", "--set", "optimizer.lr=1e4", "--metrics", m.to_str().unwrap()];
     fails_with(&args, None, &["diverged at iteration", "optimizer.lr", "optimizer.clip_grad_norm"]);
-    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let records = lbbsp::train::metrics::read_records(&m).unwrap();
     let last = records.last().expect("the iterations up to the divergence are in the metrics");
     assert!(!last.loss.is_finite(), "the last record is the diverged iteration: {}", last.loss);
     assert!(records[..records.len() - 1].iter().all(|r| r.loss.is_finite()));

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use lbbsp::dataset::{self, DataConfig, Splits, Standardize};
-use lbbsp::fetch::{self, FetchAction};
-use lbbsp::{idx, manifest};
+use lbbsp::data::dataset::{DataConfig, Splits, Standardize};
+use lbbsp::data::fetch::{self, FetchAction};
+use lbbsp::data::load;
+use lbbsp::data::{idx, manifest};
 
 fn data_dir() -> PathBuf {
     std::env::var_os("LBBSP_DATA")
@@ -25,7 +26,7 @@ fn scratch(tag: &str) -> Result<PathBuf> {
 
 fn load(name: &str, scale: f32, test_fraction: Option<f32>) -> Result<Splits> {
     let cfg = DataConfig { dataset: name.into(), scale, standardize: Standardize::None, test_fraction, split_seed: 0 };
-    Ok(dataset::load(&cfg, &data_dir())?)
+    Ok(load::load(&cfg, &data_dir())?)
 }
 
 fn class_counts(y: &[u32], classes: usize) -> Vec<usize> {
@@ -112,11 +113,11 @@ fn corrupted_copy_fails_the_checksum_with_the_fetch_fix() -> Result<()> {
         test_fraction: Some(0.2),
         split_seed: 0,
     };
-    let m = dataset::load(&cfg, &dir).unwrap_err().to_string();
+    let m = load::load(&cfg, &dir).unwrap_err().to_string();
     assert!(m.contains("digits.csv.gz") && m.contains("checksum"), "{m}");
     assert!(m.contains("lbbsp data fetch digits"), "{m}");
     std::fs::remove_dir_all(&dir)?;
-    let m = dataset::load(&cfg, &dir).unwrap_err().to_string();
+    let m = load::load(&cfg, &dir).unwrap_err().to_string();
     assert!(m.contains("missing data file") && m.contains("digits.csv.gz"), "{m}");
     Ok(())
 }

@@ -4,16 +4,16 @@
 
 mod common;
 
-use lbbsp::chain::Chain;
-use lbbsp::conv::Conv2d;
-use lbbsp::dropout::Dropout;
-use lbbsp::layers::{Flatten, Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
-use lbbsp::loss::Loss;
-use lbbsp::model::{LayerSpec, Model, ModelSpec};
-use lbbsp::norm::GroupNorm;
-use lbbsp::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
-use lbbsp::residual::Residual;
-use lbbsp::rng::Rng;
+use lbbsp::data::rng::Rng;
+use lbbsp::nn::chain::Chain;
+use lbbsp::nn::conv::Conv2d;
+use lbbsp::nn::dropout::Dropout;
+use lbbsp::nn::layers::{Flatten, Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
+use lbbsp::nn::loss::Loss;
+use lbbsp::nn::model::{LayerSpec, Model, ModelSpec};
+use lbbsp::nn::norm::GroupNorm;
+use lbbsp::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use lbbsp::nn::residual::Residual;
 
 const MODE: Mode = Mode { train: true, seed: 0, epoch: 0 };
 
@@ -133,7 +133,7 @@ fn conv2d_one_by_one_strided_and_large_kernel() {
 
 /// Distinct inputs at least 0.05 apart, so a ±1e-2 step never changes which input wins a window.
 fn separated(n: usize, key: u64) -> Vec<f32> {
-    lbbsp::rng::permutation(n, &[key]).into_iter().map(|k| k as f32 * 0.05 - n as f32 * 0.025).collect()
+    lbbsp::data::rng::permutation(n, &[key]).into_iter().map(|k| k as f32 * 0.05 - n as f32 * 0.025).collect()
 }
 
 #[test]

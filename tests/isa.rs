@@ -9,7 +9,13 @@ mod common;
 use common::*;
 use lbbsp::Isa;
 
-fn run(isa: Isa, ranks: usize, recipe: &str, iters: usize, extra: &[&str]) -> (Vec<f64>, lbbsp::metrics::Summary) {
+fn run(
+    isa: Isa,
+    ranks: usize,
+    recipe: &str,
+    iters: usize,
+    extra: &[&str],
+) -> (Vec<f64>, lbbsp::train::metrics::Summary) {
     let dir = scratch(&format!("isa-{recipe}-{isa}-{ranks}-{}", extra.len()));
     let (m, s) = (dir.join("m.jsonl"), dir.join("s.json"));
     let iters = format!("train.max_iters={iters}");

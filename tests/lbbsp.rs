@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 
-use lbbsp::metrics::{read_records, IterRecord};
+use lbbsp::train::metrics::{read_records, IterRecord};
 
 /// The run behind the share tests: mnist-mlp at B = 2048 for 80 iterations under `lbbsp`, rank 1
 /// slowed 3× from iteration 30, ranks pinned to cores round robin (with 3 ranks on 2 cores, ranks 0

@@ -2,20 +2,21 @@
 //! trajectory, balanced or not. A fast check of the same code paths the mpirun tier runs.
 
 mod common;
-use lbbsp::comm::{Local, Solo};
+use lbbsp::dist::comm::{Local, Solo};
 use lbbsp::{RunOptions, Slowdown};
 use std::sync::Arc;
 
 fn losses(path: &std::path::Path) -> Vec<f64> {
-    lbbsp::metrics::read_records(path).unwrap().iter().map(|r| r.loss).collect()
+    lbbsp::train::metrics::read_records(path).unwrap().iter().map(|r| r.loss).collect()
 }
 
 #[test]
 fn three_thread_ranks_match_one_rank() {
     let dir = common::scratch("local");
     let recipe =
-        lbbsp::recipe::resolve("digits-mlp", &["train.max_iters=60".into(), "balance.policy=lbbsp".into()]).unwrap();
-    let data = Arc::new(lbbsp::dataset::load(&recipe.data, &common::data_dir()).unwrap());
+        lbbsp::train::recipe::resolve("digits-mlp", &["train.max_iters=60".into(), "balance.policy=lbbsp".into()])
+            .unwrap();
+    let data = Arc::new(lbbsp::data::load::load(&recipe.data, &common::data_dir()).unwrap());
     let solo = dir.join("solo.jsonl");
     let opts = RunOptions { metrics: Some(solo.clone()), threads: 1, ..Default::default() };
     lbbsp::train(&recipe, &data, &Solo, &opts).unwrap();
@@ -38,7 +39,7 @@ fn three_thread_ranks_match_one_rank() {
         .collect();
     let acc: Vec<f64> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
     assert!(acc.windows(2).all(|w| w[0] == w[1]), "every rank reports the same evaluation: {acc:?}");
-    let records = lbbsp::metrics::read_records(&local).unwrap();
+    let records = lbbsp::train::metrics::read_records(&local).unwrap();
     let late = &records[40..];
     let mean1 = late.iter().map(|r| r.batch_sizes[1]).sum::<usize>() as f64 / late.len() as f64;
     assert!(mean1 < 64.0 / 3.0 * 0.8, "the slowed thread rank should carry less than a third: {mean1}");

@@ -14,7 +14,7 @@ fn split_invariance_digits_1_2_3_ranks() {
             ranks,
             &["train", "digits-mlp", "-q", "--set", "train.max_iters=100", "--metrics", m.to_str().unwrap()],
         );
-        let records = lbbsp::metrics::read_records(&m).unwrap();
+        let records = lbbsp::train::metrics::read_records(&m).unwrap();
         assert_eq!(records.len(), 100);
         assert_eq!(records[0].batch_sizes.len(), ranks.max(1));
         trajectories.push(losses(&m));
@@ -54,7 +54,7 @@ fn mnist_mlp_accuracy_in_three_epochs_under_mpirun() {
     let sum = summary(&s);
     assert_eq!(sum.epochs, 3);
     assert!(sum.test_accuracy >= 0.975, "mnist-mlp test accuracy {:.4}", sum.test_accuracy);
-    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let records = lbbsp::train::metrics::read_records(&m).unwrap();
     assert_eq!(records.len(), sum.iterations);
     let used: usize = records.iter().filter(|r| r.epoch == 0).map(|r| r.global_batch).sum();
     assert_eq!(used, 60_000, "every sample once per epoch");
@@ -86,7 +86,7 @@ fn diverging_training_stops_every_rank_under_mpirun() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("diverged at iteration") && err.contains("optimizer.lr"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
-    let records = lbbsp::metrics::read_records(&m).unwrap();
+    let records = lbbsp::train::metrics::read_records(&m).unwrap();
     assert!(records.last().is_some_and(|r| !r.loss.is_finite() && r.batch_sizes.len() == 2), "{records:?}");
 }
 

@@ -16,7 +16,7 @@ fn split_invariance(recipe: &str) {
         let mut args = vec!["train", recipe, "-q", "--set", "train.max_iters=50", "--metrics", m.to_str().unwrap()];
         args.extend_from_slice(extra);
         lbbsp_ok(ranks, &args);
-        lbbsp::metrics::read_records(&m).unwrap()
+        lbbsp::train::metrics::read_records(&m).unwrap()
     };
     let solo = run(0, &[]);
     let three = run(3, &["--set", "balance.policy=lbbsp", "--slowdown", "1:3.0@5"]);

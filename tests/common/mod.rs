@@ -89,10 +89,10 @@ fn expect_success(out: Output, ranks: usize, args: &[&str]) -> Output {
 
 /// The `loss` column of a metrics file.
 pub fn losses(path: &std::path::Path) -> Vec<f64> {
-    lbbsp::metrics::read_records(path).unwrap().iter().map(|r| r.loss).collect()
+    lbbsp::train::metrics::read_records(path).unwrap().iter().map(|r| r.loss).collect()
 }
 
-pub fn summary(path: &std::path::Path) -> lbbsp::metrics::Summary {
+pub fn summary(path: &std::path::Path) -> lbbsp::train::metrics::Summary {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -103,12 +103,12 @@ pub fn max_rel_diff(a: &[f64], b: &[f64], n: usize) -> f64 {
 }
 
 /// `n` random MNIST-shaped samples (pixels uniform in [0, 1), labels 0..9), fixed seed.
-pub fn images(n: usize) -> lbbsp::dataset::Dataset {
-    let mut rng = lbbsp::rng::Rng::from_keys(&[7]);
-    lbbsp::dataset::Dataset {
+pub fn images(n: usize) -> lbbsp::data::dataset::Dataset {
+    let mut rng = lbbsp::data::rng::Rng::from_keys(&[7]);
+    lbbsp::data::dataset::Dataset {
         x: (0..n * 784).map(|_| rng.next_f32()).collect(),
         y: (0..n).map(|_| rng.below(10) as u32).collect(),
-        sample_shape: lbbsp::dataset::RANDOM_MNIST_SHAPE.to_vec(),
+        sample_shape: lbbsp::data::load::RANDOM_MNIST_SHAPE.to_vec(),
         classes: 10,
     }
 }

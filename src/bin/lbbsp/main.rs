@@ -1,0 +1,486 @@
+//! The `lbbsp` command line: train recipes (standalone or under `mpirun`), evaluate saved weights,
+//! manage data sets.
+
+mod bench;
+mod interfere;
+mod plot;
+
+use anyhow::{bail, Context, Result};
+use bench::Workload;
+use clap::{Parser, Subcommand};
+use lbbsp::dist::comm::{Communicator, Mpi};
+use lbbsp::train::footprint::Footprint;
+use lbbsp::train::metrics::write_json;
+use lbbsp::train::{RunOptions, Slowdown};
+use std::path::{Path, PathBuf};
+
+/// Data-parallel CPU training over MPI with load-balanced bulk synchronous parallel (LB-BSP).
+#[derive(Parser)]
+#[command(
+    version,
+    about,
+    after_help = "Environment:
+  LBBSP_DATA       where the data sets are (same as --data-dir)
+  LBBSP_ALLREDUCE  how ranks sum the gradient: auto (default: shm on one node, ring across nodes),
+                   shm (MPI-3 shared window), ring (MPI_Sendrecv), mpi (one MPI_Allreduce)
+  LBBSP_ISA        the kernels' instruction-set tier (same as --isa)"
+)]
+struct Cli {
+    /// Instruction-set tier of the compute kernels: auto (the best this CPU has), avx512, avx2 or
+    /// portable. A lower tier than auto picks reproduces or compares another host's kernels.
+    #[arg(long, global = true, env = "LBBSP_ISA", default_value = "auto", value_parser = parse_isa)]
+    isa: lbbsp::IsaChoice,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Train a recipe: one rank standalone, N ranks under `mpirun -n N lbbsp train ...`.
+    Train(TrainArgs),
+    /// Report the test accuracy of saved weights under a recipe (one rank, or sharded under mpirun).
+    Eval(EvalArgs),
+    /// Burn CPU on some cores following a load pattern: a co-located job for experiments.
+    Interfere(crate::interfere::InterfereArgs),
+    /// Plot per-iteration metrics (JSONL) of one or more runs to an SVG.
+    Plot(crate::plot::PlotArgs),
+    /// Time the training loop on a peer workload, or the GEMM; prints `RESULT` lines (see
+    /// scripts/bench_peers.sh, which compares them with PyTorch, TensorFlow, JAX and numpy).
+    Bench(BenchArgs),
+    /// Print this CPU's model, the kernels' tier in use and every tier it can run
+    /// (`cpu=… active=… available=…`, one line).
+    Isa,
+    /// Download, copy or verify data sets.
+    Data {
+        #[command(subcommand)]
+        cmd: DataCmd,
+    },
+}
+
+#[derive(clap::Args)]
+struct DataDir {
+    /// Folder holding the data sets (laid out like `datasets/manifest.toml` says).
+    #[arg(long, env = "LBBSP_DATA", default_value = "data")]
+    data_dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Recipe file, or the name of a shipped recipe in models/ (e.g. digits-mlp, mnist-mlp).
+    recipe: String,
+    #[command(flatten)]
+    data: DataDir,
+    /// Override a recipe field, e.g. `--set train.epochs=1 --set balance.policy=lbbsp`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Write one JSON object per iteration to this file (JSONL).
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// Write the end-of-run summary (JSON) to this file.
+    #[arg(long)]
+    summary: Option<PathBuf>,
+    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Test aid: stretch RANK's compute time by FACTOR from iteration ITER on (default 0).
+    #[arg(long, value_name = "RANK:FACTOR[@ITER]", value_parser = parse_slowdown)]
+    slowdown: Vec<Slowdown>,
+    /// No progress bar or per-epoch lines.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Write checkpoints (from rank 0) into DIR/step-<iter>/: model.safetensors (the weights, named
+    /// as in the model), optimizer.safetensors and state.json. One is written after the last
+    /// iteration, and every --checkpoint-every iterations. DIR must not hold checkpoints of an
+    /// earlier run (continue that one with --resume).
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also write a checkpoint every N iterations (needs --checkpoint-dir or --resume).
+    #[arg(long, value_name = "N", value_parser = parse_every)]
+    checkpoint_every: Option<usize>,
+    /// Continue from the newest valid checkpoint in DIR (damaged newer ones are skipped with a
+    /// warning), or from DIR itself if it is one step-<iter> folder (which must be valid). The recipe
+    /// must have the same data, model, global batch, seed and optimizer kind; with another world
+    /// size the balancer restarts from the equal split. New checkpoints go into the same folder
+    /// unless --checkpoint-dir says otherwise.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// Recipe file, or the name of a shipped recipe: gives the model and the data set.
+    recipe: String,
+    #[command(flatten)]
+    data: DataDir,
+    /// Override a recipe field.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// The weights: a safetensors file with the model's tensor names and shapes (such as a
+    /// checkpoint's model.safetensors), or a checkpoint's step-<iter> folder.
+    #[arg(long, value_name = "FILE")]
+    weights: PathBuf,
+    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Also write the result (JSON: test_accuracy, test_loss, samples, correct) to this file.
+    #[arg(long)]
+    summary: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// w1: MLP 784-512-256-10, batch 128 (recipe bench-w1); w2: LeNet-5, batch 64 (bench-w2); both
+    /// on random MNIST-shaped data, one rank or N under `mpirun -n N`. gemm: GFLOP/s of the GEMM on
+    /// 2048³ and on W1's layer shapes. allreduce (under mpirun): lbbsp's allreduce against
+    /// MPI_Allreduce on 16 KB to 2.1 MB (W1's gradient) buffers, results checked.
+    what: BenchWhat,
+    /// Training iterations to run.
+    #[arg(long, default_value_t = 200)]
+    iters: usize,
+    /// Iterations left out of the timing at the start.
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// gemm: timed samples per shape (their median and best are printed); allreduce: timed calls
+    /// per size and algorithm.
+    #[arg(long, default_value_t = 15)]
+    reps: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchWhat {
+    W1,
+    W2,
+    Gemm,
+    Allreduce,
+}
+
+#[derive(Subcommand)]
+enum DataCmd {
+    /// Fetch a data set's canonical files into the data folder, verifying checksums.
+    Fetch {
+        /// Data set name (mnist, fashion-mnist, a9a, digits), or `all`.
+        name: String,
+        #[command(flatten)]
+        data: DataDir,
+        /// Copy from this local mirror folder instead of downloading.
+        #[arg(long)]
+        mirror: Option<PathBuf>,
+    },
+    /// Check that a data set's files are present with the right checksums.
+    Verify {
+        name: String,
+        #[command(flatten)]
+        data: DataDir,
+    },
+}
+
+fn parse_every(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}`: expected a number of iterations, at least 1")),
+    }
+}
+
+fn parse_slowdown(s: &str) -> std::result::Result<Slowdown, String> {
+    let err = || format!("`{s}`: expected RANK:FACTOR[@ITER], e.g. 1:3.0@30");
+    let (rank, rest) = s.split_once(':').ok_or_else(err)?;
+    let (factor, from) = rest.split_once('@').unwrap_or((rest, "0"));
+    let sd = Slowdown {
+        rank: rank.parse().map_err(|_| err())?,
+        factor: factor.parse().map_err(|_| err())?,
+        from_iter: from.parse().map_err(|_| err())?,
+    };
+    if !(sd.factor >= 1.0 && sd.factor.is_finite()) {
+        return Err(format!("`{s}`: FACTOR must be ≥ 1"));
+    }
+    Ok(sd)
+}
+
+fn parse_isa(s: &str) -> std::result::Result<lbbsp::IsaChoice, String> {
+    s.parse().map_err(|e: lbbsp::Error| e.to_string())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = lbbsp::Isa::select(cli.isa) {
+        eprintln!("error: --isa: {e}");
+        std::process::exit(2);
+    }
+    let result = match cli.cmd {
+        Cmd::Train(args) => on_ranks(|comm| train_on(comm, &args)),
+        Cmd::Eval(args) => on_ranks(|comm| eval_on(comm, &args)),
+        Cmd::Bench(args) => match args.what {
+            BenchWhat::W1 => on_ranks(|comm| bench_on(comm, &args, Workload::W1)),
+            BenchWhat::W2 => on_ranks(|comm| bench_on(comm, &args, Workload::W2)),
+            BenchWhat::Gemm => bench_gemm(&args),
+            BenchWhat::Allreduce => on_ranks(|comm| bench_allreduce(comm, &args)),
+        },
+        Cmd::Data { cmd } => run_data(cmd),
+        Cmd::Isa => {
+            let names: Vec<&str> = lbbsp::Isa::available().iter().map(|t| t.name()).collect();
+            println!(
+                "cpu={:?} active={} available={}",
+                lbbsp::kernels::isa::cpu_model(),
+                lbbsp::Isa::active(),
+                names.join(",")
+            );
+            Ok(())
+        }
+        Cmd::Interfere(args) => crate::interfere::run(&args).map_err(Into::into),
+        Cmd::Plot(args) => crate::plot::run(&args).map_err(Into::into),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs `f` on every rank of the MPI job (one rank standalone).
+fn on_ranks(f: impl FnOnce(&Mpi) -> Result<()>) -> Result<()> {
+    let comm = Mpi::init()?;
+    let result = f(&comm);
+    if let Err(e) = &result {
+        if comm.world_size() > 1 {
+            // Other ranks may be blocked in a collective: take the whole job down with a message.
+            eprintln!("error on rank {}: {e:#}", comm.rank());
+            comm.abort(1);
+        }
+    }
+    result
+}
+
+fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
+    let recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
+    for s in &args.slowdown {
+        if s.rank >= comm.world_size() {
+            bail!("--slowdown {}:…: rank {} does not exist in a world of {}", s.rank, s.rank, comm.world_size());
+        }
+    }
+    if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
+        bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
+    }
+    let threads = start_threads(comm, args.threads)?;
+    // Fail on the recipe/bounds before spending time on data.
+    lbbsp::Balancer::new(&recipe.balance, recipe.train.global_batch, comm.world_size())?;
+    let data = lbbsp::data::load::load(&recipe.data, &args.data.data_dir)?;
+    let rank0 = comm.rank() == 0;
+    if rank0 && !args.quiet {
+        eprintln!(
+            "lbbsp: {} on {} rank(s) × {threads} thread(s), kernels {}, policy {}, B = {}, {} train / {} test samples",
+            recipe.name,
+            comm.world_size(),
+            lbbsp::Isa::active(),
+            recipe.balance.policy.name(),
+            recipe.train.global_batch,
+            data.train.len(),
+            data.test.len()
+        );
+    }
+    for out in [&args.metrics, &args.summary].into_iter().flatten() {
+        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        if rank0 {
+            let resolved = resolved_path(out);
+            std::fs::write(&resolved, recipe.to_toml()).with_context(|| format!("writing {}", resolved.display()))?;
+        }
+    }
+    let opts = RunOptions {
+        metrics: args.metrics.clone(),
+        threads,
+        progress: !args.quiet,
+        slowdowns: args.slowdown.clone(),
+        checkpoint_dir: args
+            .checkpoint_dir
+            .clone()
+            .or_else(|| args.resume.as_deref().map(lbbsp::train::checkpoint::root_of)),
+        checkpoint_every: args.checkpoint_every,
+        resume: args.resume.clone(),
+    };
+    let summary = lbbsp::train(&recipe, &data, comm, &opts)?;
+    if rank0 {
+        if let Some(p) = &args.summary {
+            write_json(p, &summary)?;
+        }
+        println!(
+            "{}: test accuracy {:.2}% after {} iterations on {} rank(s), {:.0} samples/s, {:.1} s",
+            recipe.name,
+            100.0 * summary.test_accuracy,
+            summary.iterations,
+            summary.world_size,
+            summary.samples_per_s,
+            summary.wall_s
+        );
+        if comm.world_size() > 1 && !args.quiet {
+            print!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
+        }
+    }
+    Ok(())
+}
+
+/// Trains `w` for `--iters` iterations through the real loop and prints, on rank 0, its throughput
+/// over the iterations after `--warmup` and its peak memory against what it must hold.
+fn bench_on(comm: &Mpi, args: &BenchArgs, w: Workload) -> Result<()> {
+    if args.warmup >= args.iters {
+        bail!("--warmup {} leaves no iteration of --iters {} to time", args.warmup, args.iters);
+    }
+    // Enough epochs for any --iters (an epoch has at least one iteration).
+    let set = [format!("train.max_iters={}", args.iters), format!("train.epochs={}", args.iters)];
+    let recipe = lbbsp::train::recipe::resolve(w.recipe(), &set)?;
+    let threads = start_threads(comm, args.threads)?;
+    let data = lbbsp::data::load::load(&recipe.data, Path::new("."))?;
+    let metrics = std::env::temp_dir().join(format!("lbbsp-bench-{}.jsonl", std::process::id()));
+    let opts = RunOptions { metrics: Some(metrics.clone()), threads, ..RunOptions::default() };
+    lbbsp::train(&recipe, &data, comm, &opts)?;
+    let peak = lbbsp::train::footprint::peak_rss()?;
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let records = lbbsp::train::metrics::read_records(&metrics);
+    std::fs::remove_file(&metrics).ok();
+    let (samples_per_s, final_loss) = crate::bench::throughput(&records?, args.warmup)?;
+    println!(
+        "RESULT peer=lbbsp model={} world={} threads_per_rank={threads} isa={} batch={} \
+         samples_per_s={samples_per_s:.1} final_loss={final_loss:.4}",
+        w.model(),
+        comm.world_size(),
+        lbbsp::Isa::active(),
+        recipe.train.global_batch
+    );
+    let f = Footprint::measure(&recipe, &data, comm.world_size())?;
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "MEMORY rank=0 peak_rss_mb={:.1} needed_mb={:.1} ratio={:.3} dataset_mb={:.1} params_mb={:.2} grads_mb={:.2} \
+         optimizer_mb={:.2} activations_mb={:.2}",
+        mb(peak),
+        mb(f.total()),
+        peak as f64 / f.total() as f64,
+        mb(f.dataset),
+        mb(f.params),
+        mb(f.grads),
+        mb(f.optimizer),
+        mb(f.activations)
+    );
+    Ok(())
+}
+
+/// Prints the GFLOP/s of `lbbsp::kernels::gemm` on each of [`crate::bench::gemm_cases`] (one process).
+fn bench_gemm(args: &BenchArgs) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = args.threads.unwrap_or(cores);
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
+    for c in crate::bench::gemm_cases() {
+        let (median, best) = crate::bench::gemm_gflops(&c, args.reps);
+        println!(
+            "RESULT gemm=lbbsp shape={} m={} n={} k={} ta={:?} tb={:?} threads={threads} isa={} \
+             gflops_median={median:.1} gflops_best={best:.1}",
+            c.name,
+            c.m,
+            c.n,
+            c.k,
+            c.ta,
+            c.tb,
+            lbbsp::Isa::active()
+        );
+    }
+    Ok(())
+}
+
+fn bench_allreduce(comm: &Mpi, args: &BenchArgs) -> Result<()> {
+    let rows = crate::bench::allreduce(comm, &[4096, 61_706, 535_818], args.reps)?;
+    if comm.rank() == 0 {
+        let algo = comm.allreduce();
+        let name = algo.name();
+        for r in rows {
+            println!(
+                "RESULT allreduce ranks={} floats={} mpi_us={:.1} ring_us={:.1} shm_us={:.1} lbbsp={name} \
+                 lbbsp_us={:.1} lbbsp_over_mpi={:.3}",
+                comm.world_size(),
+                r.floats,
+                1e6 * r.mpi_s,
+                1e6 * r.ring_s,
+                1e6 * r.shm_s,
+                1e6 * r.seconds(algo),
+                r.seconds(algo) / r.mpi_s
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Starts the global rayon pool with `threads` threads, by default the node's cores shared among
+/// its ranks; returns the count.
+fn start_threads(comm: &Mpi, threads: Option<usize>) -> Result<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads.unwrap_or((cores / comm.local_size().max(1)).max(1));
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
+    Ok(threads)
+}
+
+fn eval_on(comm: &Mpi, args: &EvalArgs) -> Result<()> {
+    let recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
+    start_threads(comm, args.threads)?;
+    let data = lbbsp::data::load::load(&recipe.data, &args.data.data_dir)?;
+    let mut model = lbbsp::Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, recipe.train.seed)?;
+    if comm.rank() == 0 {
+        model.params = lbbsp::train::checkpoint::read_weights(&args.weights, &model.table)?;
+    }
+    comm.broadcast_into(0, &mut model.params);
+    // Batches as large as training's (the same rows per gemm call where the shards allow).
+    model.set_capacity(recipe.train.global_batch.max(256));
+    let ev = lbbsp::train::evaluate(&mut model, &data.test, comm, 0);
+    if comm.rank() == 0 {
+        let correct = (ev.accuracy * ev.samples as f64).round() as usize;
+        println!(
+            "{}: test accuracy {:.2}% ({correct}/{} correct), test loss {:.4}, weights {}",
+            recipe.name,
+            100.0 * ev.accuracy,
+            ev.samples,
+            ev.loss,
+            args.weights.display()
+        );
+        if let Some(p) = &args.summary {
+            let out = serde_json::json!({
+                "recipe": recipe.name,
+                "weights": args.weights,
+                "test_accuracy": ev.accuracy,
+                "test_loss": ev.loss,
+                "samples": ev.samples,
+                "correct": correct,
+            });
+            write_json(p, &out)?;
+        }
+    }
+    Ok(())
+}
+
+/// `runs/x/summary.json` → `runs/x/summary.recipe.toml`: the resolved recipe next to a result.
+fn resolved_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
+    out.with_file_name(format!("{stem}.recipe.toml"))
+}
+
+fn run_data(cmd: DataCmd) -> Result<()> {
+    match cmd {
+        DataCmd::Fetch { name, data, mirror } => {
+            let names: Vec<String> = if name == "all" {
+                lbbsp::data::manifest::names()?.into_iter().map(String::from).collect()
+            } else {
+                vec![name]
+            };
+            for n in names {
+                let report = lbbsp::data::fetch::fetch(&n, &data.data_dir, mirror.as_deref())?;
+                println!("{n}: {report}");
+            }
+        }
+        DataCmd::Verify { name, data } => {
+            let spec = lbbsp::data::manifest::spec(&name)?;
+            lbbsp::data::manifest::verify(spec, &data.data_dir)?;
+            println!("{name}: all files present, checksums match");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! Recipes: one TOML file names the data set, model, optimizer, global batch, epochs, seed,
+//! evaluation cadence and balancing policy. `--set KEY=VALUE` overrides any field; unknown or
+//! misspelled keys are errors that name the key.
+
+use crate::balance::BalanceConfig;
+use crate::data::dataset::DataConfig;
+use crate::error::{Error, Result};
+use crate::nn::model::ModelSpec;
+use crate::train::optim::OptimizerConfig;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub data: DataConfig,
+    pub model: ModelSpec,
+    pub optimizer: OptimizerConfig,
+    pub train: TrainConfig,
+    #[serde(default)]
+    pub balance: BalanceConfig,
+}
+
+/// The `[train]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Global batch size B = Σ_i b_i, fixed for the whole run whatever the split.
+    pub global_batch: usize,
+    pub epochs: usize,
+    /// Seeds initialisation and the per-epoch permutations.
+    pub seed: u64,
+    /// Evaluate on the test split every this many epochs (and always after the last).
+    #[serde(default = "one")]
+    pub eval_every_epochs: usize,
+    /// Stop after this many iterations (for short experiments); the schedule still spans all epochs.
+    #[serde(default)]
+    pub max_iters: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Recipe {
+    /// Reads `path`, applies `overrides` (`dotted.key=value`, value in TOML syntax or a bare string)
+    /// and validates the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Recipe> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(&text, path, overrides)
+    }
+
+    /// Like [`Recipe::load`] from text already read; `path` only names the source in errors.
+    pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Recipe> {
+        let err = |msg: String| Error::Recipe { path: PathBuf::from(path), msg };
+        let recipe: Recipe = if overrides.is_empty() {
+            toml::from_str(text).map_err(|e| err(e.to_string()))?
+        } else {
+            let mut table: toml::Table = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+            for o in overrides {
+                set_dotted(&mut table, o).map_err(|m| err(format!("--set {o}: {m}")))?;
+            }
+            let merged = toml::to_string(&table).map_err(|e| err(e.to_string()))?;
+            toml::from_str(&merged).map_err(|e| err(format!("after --set {}: {e}", overrides.join(" "))))?
+        };
+        recipe.validate()?;
+        Ok(recipe)
+    }
+
+    /// Checks values that deserialise but are impossible, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.train.global_batch == 0 {
+            return Err(Error::config("train.global_batch", "must be at least 1"));
+        }
+        if self.train.epochs == 0 {
+            return Err(Error::config("train.epochs", "must be at least 1"));
+        }
+        if self.train.eval_every_epochs == 0 {
+            return Err(Error::config("train.eval_every_epochs", "must be at least 1"));
+        }
+        if self.data.scale <= 0.0 || !self.data.scale.is_finite() {
+            return Err(Error::config("data.scale", "must be a positive number"));
+        }
+        if let Some(f) = self.data.test_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                return Err(Error::config("data.test_fraction", format!("must be in (0, 1), got {f}")));
+            }
+        }
+        self.optimizer.validate()?;
+        self.balance.validate(self.train.global_batch)
+    }
+
+    /// The recipe as TOML, written next to every result.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a recipe always serialises")
+    }
+}
+
+/// The recipes shipped in `models/`, embedded so that `lbbsp train mnist-mlp` works from any folder.
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("digits-mlp", include_str!("../../models/digits-mlp.toml")),
+    ("mnist-mlp", include_str!("../../models/mnist-mlp.toml")),
+    ("a9a-logreg", include_str!("../../models/a9a-logreg.toml")),
+    ("mnist-lenet5", include_str!("../../models/mnist-lenet5.toml")),
+    ("fashion-lenet5", include_str!("../../models/fashion-lenet5.toml")),
+    ("fashion-resnet", include_str!("../../models/fashion-resnet.toml")),
+    ("bench-w1", include_str!("../../models/bench-w1.toml")),
+    ("bench-w2", include_str!("../../models/bench-w2.toml")),
+];
+
+/// Loads a recipe given as a file path, or as the name of a shipped recipe (`models/NAME.toml`).
+pub fn resolve(name_or_path: &str, overrides: &[String]) -> Result<Recipe> {
+    let path = Path::new(name_or_path);
+    if path.exists() {
+        return Recipe::load(path, overrides);
+    }
+    match SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
+        Some((n, text)) => Recipe::parse(text, &PathBuf::from(format!("models/{n}.toml")), overrides),
+        None => Err(Error::Recipe {
+            path: path.to_path_buf(),
+            msg: format!(
+                "no such file, and not a shipped recipe name (known: {})",
+                SHIPPED.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ),
+        }),
+    }
+}
+
+/// Sets `a.b.c = value` in a TOML table, creating intermediate tables.
+fn set_dotted(table: &mut toml::Table, assignment: &str) -> std::result::Result<(), String> {
+    let (key, raw) = assignment.split_once('=').ok_or("expected KEY=VALUE")?;
+    let parts: Vec<&str> = key.trim().split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(format!("malformed key `{key}`"));
+    }
+    let value = match toml::from_str::<toml::Table>(&format!("v = {}", raw.trim())) {
+        Ok(mut t) => t.remove("v").expect("parsed key"),
+        Err(_) => toml::Value::String(raw.trim().to_string()),
+    };
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry.as_table_mut().ok_or_else(|| format!("`{p}` is not a table"))?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIGITS: &str = include_str!("../../models/digits-mlp.toml");
+
+    #[test]
+    fn shipped_recipes_parse() {
+        for (name, _) in SHIPPED {
+            let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(format!("{name}.toml"));
+            let r = Recipe::load(&p, &[]).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.name, *name);
+        }
+        let files = std::fs::read_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap().count();
+        assert_eq!(files, SHIPPED.len(), "every recipe in models/ is shipped");
+    }
+
+    /// The model of every shipped recipe builds on its data set's sample shape (no data needed).
+    #[test]
+    fn shipped_models_build() {
+        for (name, text) in SHIPPED {
+            let r = Recipe::parse(text, Path::new(name), &[]).unwrap();
+            let (shape, classes) = if r.data.dataset == crate::data::load::RANDOM_MNIST {
+                (crate::data::load::RANDOM_MNIST_SHAPE.to_vec(), crate::data::load::RANDOM_MNIST_CLASSES)
+            } else {
+                let data = crate::data::manifest::spec(&r.data.dataset).unwrap();
+                (data.sample_shape.clone(), data.classes)
+            };
+            crate::nn::model::Model::new(&r.model, &shape, classes, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    /// The benchmark recipes are the peers' W1 and W2 exactly: plain SGD at a constant rate, the
+    /// batch sizes, and PyTorch's parameter counts of the two models (LeNet-5 without padding).
+    #[test]
+    fn bench_recipes_match_the_peer_workloads() {
+        use crate::train::optim::{OptimizerKind, Schedule};
+        for (name, batch, params) in [("bench-w1", 128, 535_818), ("bench-w2", 64, 44_426)] {
+            let r = resolve(name, &[]).unwrap();
+            let o = &r.optimizer;
+            assert_eq!(
+                (o.kind, o.lr, o.momentum, o.nesterov, o.weight_decay),
+                (OptimizerKind::Sgd, 0.05, 0.9, false, 0.0)
+            );
+            assert_eq!((o.schedule, o.warmup_iters, o.clip_grad_norm), (Schedule::Constant, 0, None));
+            assert_eq!((r.data.dataset.as_str(), r.data.scale, r.train.global_batch), ("random-mnist", 1.0, batch));
+            assert_eq!(r.data.standardize, crate::data::dataset::Standardize::None);
+            let shape = crate::data::load::RANDOM_MNIST_SHAPE;
+            let m = crate::nn::model::Model::new(&r.model, &shape, 10, 1).unwrap();
+            assert_eq!(m.params.len(), params, "{name}");
+        }
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let text = DIGITS.replace("epochs =", "epochz =");
+        let e = Recipe::parse(&text, Path::new("x.toml"), &[]).unwrap_err().to_string();
+        assert!(e.contains("epochz") && e.contains("x.toml"), "{e}");
+        let e = Recipe::parse(DIGITS, Path::new("x.toml"), &["train.epochz=3".into()]).unwrap_err().to_string();
+        assert!(e.contains("epochz"), "{e}");
+    }
+
+    #[test]
+    fn overrides_apply() {
+        let r = Recipe::parse(DIGITS, Path::new("x.toml"), &["train.epochs=7".into(), "balance.policy=lbbsp".into()])
+            .unwrap();
+        assert_eq!(r.train.epochs, 7);
+        assert_eq!(r.balance.policy, crate::balance::Policy::Lbbsp);
+    }
+}
