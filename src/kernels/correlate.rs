@@ -15,8 +15,8 @@
 //! it. The loops run on register tiles of fixed width, written once and compiled per tier
 //! ([`crate::kernels::isa`]): AVX-512 or AVX2 FMAs, or separate multiplies and adds on the portable tier.
 
+use crate::kernels::grow;
 use crate::kernels::isa::{madd, Isa};
-use crate::nn::layers::grow;
 
 /// Shape of the register tile of [`correlate`]: `P` output planes × `CH` positions, eight 16-lane
 /// accumulators either way (enough independent FMA chains to keep both FMA units busy).

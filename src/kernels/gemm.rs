@@ -19,21 +19,16 @@
 
 use crate::kernels::dot;
 use crate::kernels::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::pack::{MR, NR};
 use crate::kernels::team;
+use crate::kernels::View;
 
 /// Whether an operand is used as stored or transposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trans {
     N,
     T,
-}
-
-/// A strided read-only view of `op(X)`: element `(i, j)` is at `i·rs + j·cs`.
-#[derive(Clone, Copy)]
-pub(crate) struct View<'a> {
-    pub(crate) data: &'a [f32],
-    pub(crate) rs: usize,
-    pub(crate) cs: usize,
 }
 
 /// `C = alpha · op(A) · op(B) + beta · C`, all row-major; `op(A)` is `m×k`, `op(B)` is `k×n`.
@@ -177,10 +172,6 @@ impl SendPtr {
     }
 }
 
-/// Rows of the AVX-512 register tile (broadcast from packed A).
-pub(crate) const MR: usize = 12;
-/// Columns of the AVX-512 register tile (two 16-lane vectors of packed B).
-pub(crate) const NR: usize = 32;
 /// Depth of one packed block: an MR×KC panel of A and a KC×NR panel of B stay in L1 together.
 const KC: usize = 256;
 /// Rows of A packed at once (L2-resident; a multiple of every tier's MR).
@@ -313,20 +304,13 @@ thread_local! {
 }
 
 /// Sizes this thread's packing buffers for the largest block, once: GEMM blocks run on the calling
-/// thread and on the [`team`]'s helpers (which call this when they start), so a steady-state call
-/// never allocates, whichever thread takes which block.
+/// thread and on the [`team`]'s helpers, so a steady-state call never allocates, whichever thread
+/// takes which block.
 pub fn prepare_thread() {
     PACK.with_borrow_mut(|p| {
         aligned(&mut p.a, 0, KC * MC);
         aligned(&mut p.b, 0, KC * NC);
     })
-}
-
-/// [`prepare_thread`] for a [`team`] helper, which never needs to prepare a rayon pool: its GEMM
-/// calls (from inside a team task) skip [`prepare_callers`]'s broadcast.
-pub(crate) fn prepare_helper() {
-    prepare_thread();
-    PREPARED.set(true);
 }
 
 /// Sizes the packing buffers of every thread that may call [`gemm`]: the first call from a thread
@@ -341,7 +325,8 @@ fn prepare_callers() {
         PREPARED.set(true);
     };
     prepare();
-    if rayon::current_num_threads() > 1 {
+    // A team helper (a GEMM inside a team task) has no rayon pool of its own to prepare.
+    if !team::is_helper() && rayon::current_num_threads() > 1 {
         rayon::broadcast(|_| prepare());
     }
 }

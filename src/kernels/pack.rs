@@ -4,8 +4,13 @@
 //! a full vector whatever the layout.
 #![cfg(target_arch = "x86_64")]
 
-use crate::kernels::gemm::{View, MR, NR};
+use crate::kernels::View;
 use std::arch::x86_64::*;
+
+/// Rows of the AVX-512 register tile (broadcast from packed A).
+pub(crate) const MR: usize = 12;
+/// Columns of the AVX-512 register tile (two 16-lane vectors of packed B).
+pub(crate) const NR: usize = 32;
 
 /// Packs rows `i0..i0+mc` × depth `p0..p0+kc` of a transposed op(A) into MR-row panels (`kc·MR`
 /// each, depth-major, the last one zero-padded): at each depth a panel's rows are contiguous.

@@ -77,6 +77,16 @@ fn team() -> &'static Team {
     })
 }
 
+thread_local! {
+    /// Set on the team's helper threads.
+    static HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is one of the team's helpers (a kernel called from inside a team task).
+pub(crate) fn is_helper() -> bool {
+    HELPER.get()
+}
+
 /// Threads a [`run`] can use: the caller plus the team's helpers.
 pub fn size() -> usize {
     team().helpers.len() + 1
@@ -211,7 +221,7 @@ fn work(s: &Shared, job: &Job, tasks: usize) {
 }
 
 fn helper(s: &'static Shared, me: usize) {
-    crate::kernels::gemm::prepare_helper();
+    HELPER.set(true);
     let mut seen = 0;
     loop {
         let since = Instant::now();

@@ -30,8 +30,9 @@
 use crate::data::rng::Rng;
 use crate::kernels::correlate::{Direct, Scratch};
 use crate::kernels::gemm::{gemm, Trans};
+use crate::kernels::grow;
 use crate::kernels::team::{self, Pieces};
-use crate::nn::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
 
 /// Output side length of a convolution or pooling window sweep, `None` if the window does not fit.
 pub fn out_len(input: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {

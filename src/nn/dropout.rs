@@ -14,8 +14,9 @@
 //! [`crate::nn::model`]).
 
 use crate::data::rng::Rng;
+use crate::kernels::grow;
 use crate::kernels::team;
-use crate::nn::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
 
 /// `y = x ⊙ m / (1 − p)` with `m_j ~ Bernoulli(1 − p)` in training, `y = x` in evaluation; shape
 /// preserved (`B×D → B×D`, any per-sample shape).

@@ -279,14 +279,6 @@ impl Layer for Flatten {
 /// (summed per task, then over tasks in order) does not depend on the number of threads.
 pub const SAMPLES_PER_TASK: usize = 8;
 
-/// Grows a layer's cache to at least `n` elements (never shrinks, so a steady-state step allocates
-/// nothing once the largest batch has been seen).
-pub(crate) fn grow<T: Clone + Default>(cache: &mut Vec<T>, n: usize) {
-    if cache.len() < n {
-        cache.resize(n, T::default());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

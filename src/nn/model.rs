@@ -202,28 +202,31 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
             }
             Box::new(GroupNorm::new(*groups, shape.to_vec()))
         }
-        LayerSpec::Residual { layers, shortcut } => {
-            if layers.is_empty() {
-                return Err(Error::config(format!("{at}.layers"), "a residual body needs at least one layer"));
-            }
-            let branch = |k: u64| [path, &[k]].concat();
-            let body = build(layers, shape, &format!("{at}.layers"), &branch(0))?;
-            let short = build(shortcut, shape, &format!("{at}.shortcut"), &branch(1))?;
-            let short_out = if short.is_empty() { shape } else { short.out_shape() };
-            if body.out_shape() != short_out {
-                return Err(Error::config(
-                    at,
-                    format!(
-                        "the residual body outputs {:?} but the shortcut gives {short_out:?}; give the block a \
-                         `shortcut` that matches, e.g. [{{ type = \"conv2d\", out_channels = {}, kernel = 1, stride = 2 }}]",
-                        body.out_shape(),
-                        body.out_shape()[0]
-                    ),
-                ));
-            }
-            Box::new(Residual::new(body, short))
-        }
+        LayerSpec::Residual { layers, shortcut } => Box::new(residual(layers, shortcut, shape, at, path)?),
     })
+}
+
+/// A residual block: its body and shortcut built on `shape`, their output shapes checked equal.
+fn residual(layers: &[LayerSpec], shortcut: &[LayerSpec], shape: &[usize], at: &str, path: &[u64]) -> Result<Residual> {
+    if layers.is_empty() {
+        return Err(Error::config(format!("{at}.layers"), "a residual body needs at least one layer"));
+    }
+    let branch = |k: u64| [path, &[k]].concat();
+    let body = build(layers, shape, &format!("{at}.layers"), &branch(0))?;
+    let short = build(shortcut, shape, &format!("{at}.shortcut"), &branch(1))?;
+    let short_out = if short.is_empty() { shape } else { short.out_shape() };
+    if body.out_shape() != short_out {
+        return Err(Error::config(
+            at,
+            format!(
+                "the residual body outputs {:?} but the shortcut gives {short_out:?}; give the block a \
+                 `shortcut` that matches, e.g. [{{ type = \"conv2d\", out_channels = {}, kernel = 1, stride = 2 }}]",
+                body.out_shape(),
+                body.out_shape()[0]
+            ),
+        ));
+    }
+    Ok(Residual::new(body, short))
 }
 
 pub struct Model {

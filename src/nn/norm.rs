@@ -15,9 +15,10 @@
 //! With `G = 1` this is LayerNorm over `C×H×W` with per-channel affine, with `G = C` InstanceNorm.
 
 use crate::data::rng::Rng;
+use crate::kernels::grow;
 use crate::kernels::team;
 use crate::kernels::team::Pieces;
-use crate::nn::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
 
 pub const EPS: f32 = 1e-5;
 

@@ -4,10 +4,11 @@
 //! columns that no full window covers are dropped, as in PyTorch. Every layer works per sample, on
 //! the [`team`] in tasks of [`SAMPLES_PER_TASK`] samples.
 
+use crate::kernels::grow;
 use crate::kernels::team;
 use crate::kernels::team::Pieces;
 use crate::nn::conv::out_len;
-use crate::nn::layers::{grow, Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
 use std::hint::select_unpredictable;
 
 /// Shape of a square pooling window sweep over `[C, H, W]`.

@@ -13,8 +13,9 @@
 //! buffer, named `body.{j}.{name}` and `shortcut.{j}.{name}` (in a model: `layers.3.body.0.weight`).
 
 use crate::data::rng::Rng;
+use crate::kernels::grow;
 use crate::nn::chain::Chain;
-use crate::nn::layers::{grow, Io, Layer, Pass};
+use crate::nn::layers::{Io, Layer, Pass};
 
 pub struct Residual {
     pub body: Chain,

@@ -19,36 +19,31 @@
 //! state, the loop is deterministic, so a run resumed from a [`checkpoint`] ends with
 //! the same weights as one that never stopped (bit for bit at a fixed split, as under `bsp`).
 
+pub mod aids;
 pub mod checkpoint;
 pub mod footprint;
 pub mod metrics;
 pub mod optim;
 pub mod recipe;
 
+pub use aids::Slowdown;
+
 use crate::balance::{Balancer, Observation};
 use crate::data::dataset::{Dataset, Splits};
 use crate::dist::comm::Communicator;
-use crate::dist::sync::{GradSync, RankStats};
+use crate::dist::sync::{GradSync, RankStats, SyncTime};
 use crate::error::{Error, Result};
 use crate::nn::layers::Mode;
 use crate::nn::model::Model;
 use crate::profile::CpuSampler;
 use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
+use crate::train::aids::{stretch, Replay};
 use crate::train::checkpoint::{Progress, Snapshot};
 use crate::train::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
 use crate::train::optim::Optimizer;
 use crate::train::recipe::Recipe;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-/// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it waits
-/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Slowdown {
-    pub rank: usize,
-    pub factor: f64,
-    pub from_iter: usize,
-}
+use std::time::Instant;
 
 /// Where results go and how a run is observed.
 #[derive(Debug, Clone, Default)]
@@ -69,294 +64,375 @@ pub struct RunOptions {
     pub resume: Option<PathBuf>,
 }
 
-/// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
-pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let cfg = &recipe.train;
-    let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
-    let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
-    model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
-    comm.broadcast_into(0, &mut model.params);
-    let mut sync = GradSync::new(model.params.len(), world);
-    let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
-    if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &opts.resume, rank) {
-        checkpoint::check_fresh(dir)?;
-    }
-    let start = match &opts.resume {
-        None => Progress::default(),
-        Some(src) => {
-            let r = checkpoint::resume(src, comm, recipe, &mut model, &mut opt)?;
-            balancer = continued_balancer(balancer, &r, rank == 0);
-            r.state.progress
-        }
-    };
+/// One rank's part of a training run: the model, its optimizer, the gradient sync and the
+/// balancer, and where the run stands ([`Progress`], what a checkpoint records).
+pub struct Run<'a> {
+    recipe: &'a Recipe,
+    data: &'a Splits,
+    comm: &'a dyn Communicator,
+    pub model: Model,
+    pub opt: Optimizer,
+    pub balancer: Balancer,
+    sync: GradSync,
+    sampler: CpuSampler,
+    replay: Option<Replay>,
+    slowdowns: Vec<Slowdown>,
+    obs: Vec<Observation>,
+    pub progress: Progress,
+    /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
+    iters_per_epoch: usize,
+    planned: usize,
+    /// Where this run stops (`train.max_iters`, else the planned run).
+    pub total_iters: usize,
+}
 
-    let n = data.train.len();
-    let iters_per_epoch = n.div_ceil(cfg.global_batch);
-    // The schedule spans the planned run whatever `max_iters` stops it at, and wherever it resumes.
-    let planned = iters_per_epoch * cfg.epochs;
-    let total_iters = cfg.max_iters.map_or(planned, |m| m.min(planned));
-    let bar = progress_bar(rank == 0 && opts.progress, total_iters);
-    bar.set_position(start.step.min(total_iters) as u64);
-    let mut last_saved = None;
-    // Every rank takes part (the optimizer's state is current only on each rank's own block until
-    // gathered); rank 0 writes.
-    let save = |progress: &Progress, model: &Model, opt: &mut Optimizer, balancer: &Balancer| -> Result<()> {
-        if opts.checkpoint_dir.is_none() {
+impl<'a> Run<'a> {
+    /// Builds the model (rank 0's initial parameters on every rank), the optimizer and the
+    /// balancer of `recipe`, or restores them from the checkpoint `opts.resume` names.
+    pub fn new(recipe: &'a Recipe, data: &'a Splits, comm: &'a dyn Communicator, opts: &RunOptions) -> Result<Run<'a>> {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let cfg = &recipe.train;
+        let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
+        let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
+        model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
+        comm.broadcast_into(0, &mut model.params);
+        let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
+        if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &opts.resume, rank) {
+            checkpoint::check_fresh(dir)?;
+        }
+        let progress = match &opts.resume {
+            None => Progress::default(),
+            Some(src) => {
+                let r = checkpoint::resume(src, comm, recipe, &mut model, &mut opt)?;
+                balancer = continued_balancer(balancer, &r, rank == 0);
+                r.state.progress
+            }
+        };
+        let replay = match &recipe.balance.replay {
+            Some(path) => Some(Replay::read(path, world, cfg.global_batch)?),
+            None => None,
+        };
+        let iters_per_epoch = data.train.len().div_ceil(cfg.global_batch);
+        // The schedule spans the planned run whatever `max_iters` stops it at, and wherever it resumes.
+        let planned = iters_per_epoch * cfg.epochs;
+        Ok(Run {
+            recipe,
+            data,
+            comm,
+            sync: GradSync::new(model.params.len(), world),
+            model,
+            opt,
+            balancer,
+            sampler: CpuSampler::new(),
+            replay,
+            slowdowns: opts.slowdowns.clone(),
+            obs: Vec::with_capacity(world),
+            progress,
+            iters_per_epoch,
+            planned,
+            total_iters: cfg.max_iters.map_or(planned, |m| m.min(planned)),
+        })
+    }
+
+    /// One iteration on `batch` (sample ids of the global batch, from `epoch`'s permutation): this
+    /// rank computes its slice's share of the gradient, the ranks take the distributed step, and the
+    /// balancer observes every rank's size and time. Returns the iteration's record (this rank's
+    /// wait and transfer times only: the others' are known after the run, see [`fill_late_columns`]).
+    pub fn step(&mut self, batch: &[usize], epoch: usize) -> Result<IterRecord> {
+        let (rank, iter) = (self.comm.rank(), self.progress.step);
+        let t_iter = Instant::now();
+        let unix_s =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        // This rank's slice: the balancer's split of B (the short last batch of an epoch keeps its
+        // proportions), or the replayed one.
+        let sizes = match &self.replay {
+            Some(r) => r.sizes(iter, batch.len())?,
+            None => rescale(self.balancer.sizes(), batch.len()),
+        };
+        let slice = &batch[slice_for(&sizes, rank)];
+        let lr = self.recipe.optimizer.lr_at(iter, self.iters_per_epoch, self.planned);
+
+        // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, so that the sum over
+        // ranks is the mean over the global batch whatever the split.
+        let t0 = Instant::now();
+        let (x, y, ids) = self.model.input_mut(slice.len());
+        self.data.train.gather_into(slice, x, y);
+        ids.copy_from_slice(slice);
+        let mode = Mode { train: true, seed: self.recipe.train.seed, epoch: epoch as u64 };
+        let local = self.model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
+        stretch(&self.slowdowns, rank, iter, t0.elapsed());
+        let cpu = self.sampler.sample();
+        let mine = RankStats {
+            batch: slice.len(),
+            compute_s: t0.elapsed().as_secs_f64(),
+            loss_sum: local.loss_sum,
+            interference_s: cpu.interference_s,
+            cpu_share: cpu.cpu_share,
+        };
+
+        let took = self.distributed_step(&mine, lr); // ---- the distributed step ----
+
+        // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
+        self.obs.clear();
+        self.obs.extend(self.sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
+        self.balancer.observe(&self.obs);
+        Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes, took))
+    }
+
+    /// **The distributed step**: the weighted gradient allreduce, cut in its two halves around the
+    /// optimizer. Each rank contributed its gradient sum / B, so the sum over ranks is the exact
+    /// mean over the global batch. The reduce-scatter leaves each rank that sum on its own block of
+    /// the parameters (every rank's stats riding along); it updates only that block (after
+    /// clipping, with the norm summed over ranks), and the all-gather hands the updated blocks to
+    /// all ranks: an allreduce's bytes, 1/world of the optimizer's work each (ZeRO stage 1). Fast
+    /// ranks block until the slowest arrives: [`SyncTime`] splits wait from transfer.
+    fn distributed_step(&mut self, mine: &RankStats, lr: f32) -> SyncTime {
+        let block = self.sync.reduce_scatter(self.comm, &mut self.model.grads, mine);
+        if let Some(max_norm) = self.recipe.optimizer.clip_grad_norm {
+            self.sync.clip_grad_norm(self.comm, &mut self.model.grads[block.clone()], max_norm);
+        }
+        self.opt.step_block(&mut self.model.params, &self.model.grads, lr, block);
+        self.sync.all_gather(self.comm, &mut self.model.params)
+    }
+
+    /// The record of iteration `iter` from the gathered stats.
+    fn record(
+        &self,
+        iter: usize,
+        epoch: usize,
+        (unix_s, iter_s): (f64, f64),
+        lr: f32,
+        batch_sizes: Vec<usize>,
+        took: SyncTime,
+    ) -> IterRecord {
+        let stats = &self.sync.stats;
+        let global_batch: usize = batch_sizes.iter().sum();
+        IterRecord {
+            iter,
+            unix_s,
+            epoch,
+            loss: stats.iter().map(|s| s.loss_sum).sum::<f64>() / global_batch as f64,
+            lr,
+            global_batch,
+            batch_sizes,
+            compute_s: stats.iter().map(|s| s.compute_s).collect(),
+            wait_s: vec![took.wait_s],
+            comm_s: vec![took.comm_s],
+            interference_s: stats.iter().map(|s| s.interference_s).collect(),
+            cpu_share: stats.iter().map(|s| s.cpu_share).collect(),
+            iter_s,
+            samples_per_s: global_batch as f64 / iter_s,
+        }
+    }
+
+    /// Loss and accuracy of the current parameters on the test split (every rank takes part).
+    pub fn evaluate(&mut self, epoch: usize) -> EvalResult {
+        evaluate(&mut self.model, &self.data.test, self.comm, epoch)
+    }
+
+    /// Writes a checkpoint of where the run stands into `dir` (rank 0). Every rank takes part: the
+    /// optimizer's state is current only on each rank's own block until gathered.
+    pub fn save(&mut self, dir: &std::path::Path) -> Result<()> {
+        for (_, buf) in self.opt.buffers_mut() {
+            let n = buf.len();
+            self.comm.all_gather_blocks(buf, n);
+        }
+        if self.comm.rank() != 0 {
             return Ok(());
         }
-        for (_, buf) in opt.buffers_mut() {
-            let n = buf.len();
-            comm.all_gather_blocks(buf, n);
-        }
-        match (&opts.checkpoint_dir, rank) {
-            (Some(dir), 0) => {
-                let snap = Snapshot {
-                    table: &model.table,
-                    params: &model.params,
-                    optimizer: opt,
-                    balancer,
-                    progress,
-                    recipe,
-                    world_size: world,
-                };
-                checkpoint::save(dir, &snap).map(|_| ())
-            }
-            _ => Ok(()),
-        }
-    };
-    let mut metrics = match (&opts.metrics, rank) {
-        (Some(p), 0) => Some(JsonlWriter::create(p)?),
-        _ => None,
-    };
+        let snap = Snapshot {
+            table: &self.model.table,
+            params: &self.model.params,
+            optimizer: &self.opt,
+            balancer: &self.balancer,
+            progress: &self.progress,
+            recipe: self.recipe,
+            world_size: self.comm.world_size(),
+        };
+        checkpoint::save(dir, &snap).map(|_| ())
+    }
+}
 
-    let mut records: Vec<IterRecord> = Vec::with_capacity(total_iters.saturating_sub(start.step));
-    let mut evals = start.evals.clone();
-    let mut sampler = CpuSampler::new();
-    let (mut iter, mut train_s, mut epochs_run) = (start.step, 0.0f64, start.epoch);
-    let mut epoch_loss = start.epoch_loss;
-    // Where the next iteration is: (epoch, global batches of it done).
-    let mut pos = (start.epoch, start.batch_in_epoch);
-    let started = Instant::now();
-
-    let replayed = match &recipe.balance.replay {
-        Some(path) => Some(Replay::read(path, world, cfg.global_batch)?),
-        None => None,
-    };
-    let mut obs: Vec<Observation> = Vec::with_capacity(world);
+/// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
+pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
+    let mut run = Run::new(recipe, data, comm, opts)?;
+    let mut out = Outputs::new(&run, opts)?;
+    let (start, started) = (run.progress.step, Instant::now());
+    let mut records: Vec<IterRecord> = Vec::with_capacity(run.total_iters.saturating_sub(start));
+    let mut train_s = 0.0;
     // (iteration, loss, lr) of a non-finite loss: the same on every rank (the loss is summed from the
     // gathered stats), so all ranks stop together.
     let mut diverged: Option<(usize, f64, f32)> = None;
-    'epochs: for epoch in start.epoch..cfg.epochs {
-        let plan = EpochPlan::new(n, cfg.global_batch, cfg.seed, epoch as u64);
-        let first = if epoch == start.epoch { start.batch_in_epoch } else { 0 };
-        if first == 0 {
-            epoch_loss = (0.0, 0);
+    'epochs: while run.progress.epoch < recipe.train.epochs {
+        let epoch = run.progress.epoch;
+        let plan = EpochPlan::new(data.train.len(), recipe.train.global_batch, recipe.train.seed, epoch as u64);
+        if run.progress.batch_in_epoch == 0 {
+            run.progress.epoch_loss = (0.0, 0);
         }
-        for t in first..plan.iterations() {
-            if iter >= total_iters {
+        for t in run.progress.batch_in_epoch..plan.iterations() {
+            if run.progress.step >= run.total_iters {
                 break 'epochs;
             }
-            let t_iter = Instant::now();
-            let unix_s =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-            let batch = plan.batch(t);
-            // The balancer's split of B; the short last batch of an epoch keeps its proportions.
-            let sizes = match &replayed {
-                Some(r) => r.sizes(iter, batch.len())?,
-                None => rescale(balancer.sizes(), batch.len()),
-            };
-            let slice = &batch[slice_for(&sizes, rank)];
-            let mode = Mode { train: true, seed: cfg.seed, epoch: epoch as u64 };
-
-            let lr = recipe.optimizer.lr_at(iter, iters_per_epoch, planned);
-            let clip = recipe.optimizer.clip_grad_norm;
-
-            // Compute: this rank's share of Σ_j ∇ℓ_j / B.
-            let t0 = Instant::now();
-            let (x, y, ids) = model.input_mut(slice.len());
-            data.train.gather_into(slice, x, y);
-            ids.copy_from_slice(slice);
-            let scale = 1.0 / batch.len() as f32;
-            let local = model.forward_backward(slice.len(), scale, mode);
-            stretch(&opts.slowdowns, rank, iter, t0.elapsed());
-            let compute_s = t0.elapsed().as_secs_f64();
-            let cpu = sampler.sample();
-            let mine = RankStats {
-                batch: slice.len(),
-                compute_s,
-                loss_sum: local.loss_sum,
-                interference_s: cpu.interference_s,
-                cpu_share: cpu.cpu_share,
-            };
-
-            // ---- The distributed step: the weighted gradient allreduce, cut in its two halves
-            // around the optimizer. Each rank contributed its gradient *sum* / B, so the sum over
-            // ranks is the exact mean over the global batch. The reduce-scatter leaves each rank
-            // that sum on its own block of the parameters (with every rank's stats riding along);
-            // it updates only that block, and the all-gather hands the updated blocks to all
-            // ranks: an allreduce's bytes, 1/world of the optimizer's work each (ZeRO stage 1).
-            // Fast ranks block until the slowest arrives: the time is split into wait (for the
-            // slowest rank's compute) and transfer, see `SyncTime`. ----
-            let block = sync.reduce_scatter(comm, &mut model.grads, &mine);
-            if let Some(max_norm) = clip {
-                sync.clip_grad_norm(comm, &mut model.grads[block.clone()], max_norm);
-            }
-            opt.step_block(&mut model.params, &model.grads, lr, block);
-            let took = sync.all_gather(comm, &mut model.params);
-            obs.clear();
-            obs.extend(sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
-            balancer.observe(&obs);
-
-            let iter_s = t_iter.elapsed().as_secs_f64();
-            train_s += iter_s;
-            let loss = sync.stats.iter().map(|s| s.loss_sum).sum::<f64>() / batch.len() as f64;
-            if !loss.is_finite() {
-                diverged = Some((iter, loss, lr));
-            }
-            epoch_loss.0 += loss;
-            epoch_loss.1 += 1;
-            records.push(IterRecord {
-                iter,
-                unix_s,
-                epoch,
-                loss,
-                lr,
-                global_batch: batch.len(),
-                batch_sizes: sizes.clone(),
-                compute_s: sync.stats.iter().map(|s| s.compute_s).collect(),
-                wait_s: vec![took.wait_s],
-                comm_s: vec![took.comm_s],
-                interference_s: sync.stats.iter().map(|s| s.interference_s).collect(),
-                cpu_share: sync.stats.iter().map(|s| s.cpu_share).collect(),
-                iter_s,
-                samples_per_s: batch.len() as f64 / iter_s,
-            });
-            bar.set_position(iter as u64 + 1);
-            if !bar.is_hidden() {
-                bar.set_message(format!("loss {loss:.4}  {:.0} samples/s  b={sizes:?}", batch.len() as f64 / iter_s));
-            }
-            if diverged.is_some() {
+            let rec = run.step(&plan.batch(t), epoch)?;
+            train_s += rec.iter_s;
+            run.progress.epoch_loss.0 += rec.loss;
+            run.progress.epoch_loss.1 += 1;
+            out.iteration(&rec);
+            if !rec.loss.is_finite() {
+                diverged = Some((rec.iter, rec.loss, rec.lr));
+                records.push(rec);
                 break 'epochs;
             }
-            iter += 1;
-            pos = (epoch, t + 1);
-            if opts.checkpoint_every.is_some_and(|k| iter % k == 0) {
-                save(&progress_at(iter, pos, epoch_loss, &evals), &model, &mut opt, &balancer)?;
-                last_saved = Some(iter);
-            }
+            records.push(rec);
+            run.progress.step += 1;
+            run.progress.batch_in_epoch = t + 1;
+            out.checkpoint_if_due(&mut run)?;
         }
-        balancer.end_epoch();
-        epochs_run = epoch + 1;
-        if epochs_run % cfg.eval_every_epochs == 0 || epochs_run == cfg.epochs {
-            let ev = evaluate(&mut model, &data.test, comm, epoch);
-            if rank == 0 && opts.progress {
-                let line = format!(
-                    "epoch {epochs_run}/{}: train loss {:.4}  test loss {:.4}  test accuracy {:.2}%",
-                    cfg.epochs,
-                    epoch_loss.0 / epoch_loss.1.max(1) as f64,
-                    ev.loss,
-                    100.0 * ev.accuracy
-                );
-                if bar.is_hidden() {
-                    eprintln!("{line}");
-                } else {
-                    bar.println(line);
-                }
-            }
-            evals.push(ev);
-        }
-        pos = (epoch + 1, 0);
+        run.balancer.end_epoch();
+        out.end_epoch(&mut run, epoch);
+        run.progress.epoch = epoch + 1;
+        run.progress.batch_in_epoch = 0;
     }
-    bar.finish_and_clear();
-    if diverged.is_none() && iter > start.step && last_saved != Some(iter) {
-        save(&progress_at(iter, pos, epoch_loss, &evals), &model, &mut opt, &balancer)?;
+    out.bar.finish_and_clear();
+    if diverged.is_none() && run.progress.step > start {
+        out.final_checkpoint(&mut run)?;
     }
-
     // Wait and transfer times are per rank but only known after the iteration's collective, so
     // they are gathered once at the end (one collective, not one per iteration).
     fill_late_columns(&mut records, comm);
-    if let Some(w) = metrics.as_mut() {
-        for r in &records {
-            w.write(r)?;
-        }
-        w.flush()?;
-    }
+    out.write_metrics(&records)?;
     if let Some((iter, loss, lr)) = diverged {
         return Err(Error::Diverged { iter, loss, lr });
     }
-    if evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
-        evals.push(evaluate(&mut model, &data.test, comm, epochs_run.saturating_sub(1)));
+    Ok(summary(&mut run, opts, &records, (started, train_s)))
+}
+
+/// The summary of a finished run, after its final evaluation (if the last epoch had none).
+fn summary(run: &mut Run, opts: &RunOptions, records: &[IterRecord], (started, train_s): (Instant, f64)) -> Summary {
+    let epochs_run = run.progress.epoch;
+    if run.progress.evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
+        let ev = run.evaluate(epochs_run.saturating_sub(1));
+        run.progress.evals.push(ev);
     }
-    let last = *evals.last().expect("evaluated at least once");
+    let last = *run.progress.evals.last().expect("evaluated at least once");
+    let (loss_sum, n) = run.progress.epoch_loss;
     let samples: usize = records.iter().map(|r| r.global_batch).sum();
-    Ok(Summary {
-        recipe: recipe.name.clone(),
-        policy: recipe.balance.policy.name().into(),
+    Summary {
+        recipe: run.recipe.name.clone(),
+        policy: run.recipe.balance.policy.name().into(),
         isa: crate::kernels::isa::Isa::active().name().into(),
-        world_size: world,
+        world_size: run.comm.world_size(),
         threads_per_rank: opts.threads,
-        iterations: iter,
+        iterations: run.progress.step,
         epochs: epochs_run,
         test_accuracy: last.accuracy,
         test_loss: last.loss,
         final_loss: records.last().map_or(f64::NAN, |r| r.loss),
-        last_epoch_loss: epoch_loss.0 / epoch_loss.1.max(1) as f64,
+        last_epoch_loss: loss_sum / n.max(1) as f64,
         wall_s: started.elapsed().as_secs_f64(),
         samples_per_s: samples as f64 / train_s.max(1e-9),
-        evals,
-        stragglers: straggler_report(&records),
-    })
+        evals: run.progress.evals.clone(),
+        stragglers: straggler_report(records),
+    }
 }
 
-/// The batch sizes of an earlier run (`balance.replay`), by iteration.
-struct Replay {
-    path: PathBuf,
-    sizes: Vec<Vec<usize>>,
+/// What a run shows and writes around its iterations: the progress bar and per-epoch lines,
+/// checkpoints and the metrics file (rank 0 writes; every rank takes part in checkpoints).
+struct Outputs {
+    bar: indicatif::ProgressBar,
+    progress: bool,
+    rank0: bool,
+    metrics: Option<JsonlWriter>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: Option<usize>,
+    last_saved: Option<usize>,
 }
 
-impl Replay {
-    fn read(path: &std::path::Path, world: usize, global_batch: usize) -> Result<Replay> {
-        let records = crate::train::metrics::read_records(path)?;
-        let mut sizes = Vec::with_capacity(records.len());
-        for (i, r) in records.iter().enumerate() {
-            if r.iter != i {
-                let msg = format!(
-                    "record {} is iteration {}: the file must hold iterations 0, 1, 2, … in order",
-                    i + 1,
-                    r.iter
-                );
-                return Err(Error::data(path, msg));
-            }
-            if r.batch_sizes.len() != world || r.global_batch > global_batch {
-                let msg = format!(
-                    "iteration {i} split B = {} over {} rank(s); this run has B = {global_batch} on {world} rank(s)                      (balance.replay needs a run of the same recipe on as many ranks)",
-                    r.global_batch,
-                    r.batch_sizes.len()
-                );
-                return Err(Error::data(path, msg));
-            }
-            sizes.push(r.batch_sizes.clone());
-        }
-        Ok(Replay { path: path.to_path_buf(), sizes })
+impl Outputs {
+    fn new(run: &Run, opts: &RunOptions) -> Result<Outputs> {
+        let rank0 = run.comm.rank() == 0;
+        let bar = progress_bar(rank0 && opts.progress, run.total_iters);
+        bar.set_position(run.progress.step.min(run.total_iters) as u64);
+        let metrics = match (&opts.metrics, rank0) {
+            (Some(p), true) => Some(JsonlWriter::create(p)?),
+            _ => None,
+        };
+        Ok(Outputs {
+            bar,
+            progress: opts.progress,
+            rank0,
+            metrics,
+            checkpoint_dir: opts.checkpoint_dir.clone(),
+            checkpoint_every: opts.checkpoint_every,
+            last_saved: None,
+        })
     }
 
-    /// The sizes of iteration `iter`, whose batch holds `batch` samples.
-    fn sizes(&self, iter: usize, batch: usize) -> Result<Vec<usize>> {
-        match self.sizes.get(iter) {
-            Some(s) if s.iter().sum::<usize>() == batch => Ok(s.clone()),
-            Some(s) => Err(Error::data(
-                &self.path,
-                format!("iteration {iter} split {} samples, this run's batch has {batch}", s.iter().sum::<usize>()),
-            )),
-            None => Err(Error::data(
-                &self.path,
-                format!(
-                    "holds {} iterations, this run reached iteration {iter}: replay a run at least as long",
-                    self.sizes.len()
-                ),
-            )),
+    fn iteration(&self, rec: &IterRecord) {
+        self.bar.set_position(rec.iter as u64 + 1);
+        if !self.bar.is_hidden() {
+            self.bar.set_message(format!(
+                "loss {:.4}  {:.0} samples/s  b={:?}",
+                rec.loss, rec.samples_per_s, rec.batch_sizes
+            ));
         }
+    }
+
+    fn checkpoint_if_due(&mut self, run: &mut Run) -> Result<()> {
+        if self.checkpoint_every.is_some_and(|k| run.progress.step % k == 0) {
+            self.save(run)?;
+        }
+        Ok(())
+    }
+
+    /// The checkpoint after the last iteration, unless the last one written is it.
+    fn final_checkpoint(&mut self, run: &mut Run) -> Result<()> {
+        if self.last_saved != Some(run.progress.step) {
+            self.save(run)?;
+        }
+        Ok(())
+    }
+
+    fn save(&mut self, run: &mut Run) -> Result<()> {
+        if let Some(dir) = &self.checkpoint_dir {
+            run.save(dir)?;
+            self.last_saved = Some(run.progress.step);
+        }
+        Ok(())
+    }
+
+    /// The evaluation at the end of `epoch` when one is due, and its line.
+    fn end_epoch(&mut self, run: &mut Run, epoch: usize) {
+        let (done, epochs) = (epoch + 1, run.recipe.train.epochs);
+        if done % run.recipe.train.eval_every_epochs != 0 && done != epochs {
+            return;
+        }
+        let ev = run.evaluate(epoch);
+        if self.rank0 && self.progress {
+            let (sum, n) = run.progress.epoch_loss;
+            let line = format!(
+                "epoch {done}/{epochs}: train loss {:.4}  test loss {:.4}  test accuracy {:.2}%",
+                sum / n.max(1) as f64,
+                ev.loss,
+                100.0 * ev.accuracy
+            );
+            if self.bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                self.bar.println(line);
+            }
+        }
+        run.progress.evals.push(ev);
+    }
+
+    fn write_metrics(&mut self, records: &[IterRecord]) -> Result<()> {
+        if let Some(w) = self.metrics.as_mut() {
+            for r in records {
+                w.write(r)?;
+            }
+            w.flush()?;
+        }
+        Ok(())
     }
 }
 
@@ -398,15 +474,6 @@ fn continued_balancer(fresh: Balancer, r: &checkpoint::Resumed, rank0: bool) -> 
     fresh
 }
 
-fn progress_at(
-    step: usize,
-    (epoch, batch_in_epoch): (usize, usize),
-    epoch_loss: (f64, usize),
-    evals: &[EvalResult],
-) -> Progress {
-    Progress { step, epoch, batch_in_epoch, epoch_loss, evals: evals.to_vec() }
-}
-
 /// Replaces each record's one-element `wait_s`/`comm_s` (this rank's) with the per-rank arrays.
 fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
     let world = comm.world_size();
@@ -417,23 +484,6 @@ fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
     for (i, r) in records.iter_mut().enumerate() {
         r.wait_s = (0..world).map(|k| all[k * per_rank + 2 * i]).collect();
         r.comm_s = (0..world).map(|k| all[k * per_rank + 2 * i + 1]).collect();
-    }
-}
-
-fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
-    for s in slowdowns {
-        if s.rank == rank && iter >= s.from_iter && s.factor > 1.0 {
-            // Sleep most of the extra time (freeing the core, as a rank descheduled by a co-located
-            // job would), then spin to the deadline: waking an idle (virtual) CPU can take a
-            // millisecond or more, a fixed cost the factor does not ask for.
-            let deadline = Instant::now() + took.mul_f64(s.factor - 1.0);
-            if let Some(nap) = deadline.checked_duration_since(Instant::now() + Duration::from_millis(2)) {
-                std::thread::sleep(nap);
-            }
-            while Instant::now() < deadline {
-                std::hint::spin_loop();
-            }
-        }
     }
 }
 

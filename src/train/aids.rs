@@ -1,0 +1,85 @@
+//! Aids to reproduce or force a run's timing: the batch sizes of an earlier run
+//! (`balance.replay`) and a deterministically slowed rank (`--slowdown`).
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it waits
+/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slowdown {
+    pub rank: usize,
+    pub factor: f64,
+    pub from_iter: usize,
+}
+
+/// The batch sizes of an earlier run (`balance.replay`), by iteration.
+pub(crate) struct Replay {
+    path: PathBuf,
+    sizes: Vec<Vec<usize>>,
+}
+
+impl Replay {
+    pub(crate) fn read(path: &Path, world: usize, global_batch: usize) -> Result<Replay> {
+        let records = crate::train::metrics::read_records(path)?;
+        let mut sizes = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            if r.iter != i {
+                let msg = format!(
+                    "record {} is iteration {}: the file must hold iterations 0, 1, 2, … in order",
+                    i + 1,
+                    r.iter
+                );
+                return Err(Error::data(path, msg));
+            }
+            if r.batch_sizes.len() != world || r.global_batch > global_batch {
+                let msg = format!(
+                    "iteration {i} split B = {} over {} rank(s); this run has B = {global_batch} on {world} rank(s) \
+                     (balance.replay needs a run of the same recipe on as many ranks)",
+                    r.global_batch,
+                    r.batch_sizes.len()
+                );
+                return Err(Error::data(path, msg));
+            }
+            sizes.push(r.batch_sizes.clone());
+        }
+        Ok(Replay { path: path.to_path_buf(), sizes })
+    }
+
+    /// The sizes of iteration `iter`, whose batch holds `batch` samples.
+    pub(crate) fn sizes(&self, iter: usize, batch: usize) -> Result<Vec<usize>> {
+        match self.sizes.get(iter) {
+            Some(s) if s.iter().sum::<usize>() == batch => Ok(s.clone()),
+            Some(s) => Err(Error::data(
+                &self.path,
+                format!("iteration {iter} split {} samples, this run's batch has {batch}", s.iter().sum::<usize>()),
+            )),
+            None => Err(Error::data(
+                &self.path,
+                format!(
+                    "holds {} iterations, this run reached iteration {iter}: replay a run at least as long",
+                    self.sizes.len()
+                ),
+            )),
+        }
+    }
+}
+
+/// Stretches this rank's compute time of iteration `iter` (which took `took`) as `slowdowns` say.
+pub(crate) fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
+    for s in slowdowns {
+        if s.rank == rank && iter >= s.from_iter && s.factor > 1.0 {
+            // Sleep most of the extra time (freeing the core, as a rank descheduled by a co-located
+            // job would), then spin to the deadline: waking an idle (virtual) CPU can take a
+            // millisecond or more, a fixed cost the factor does not ask for.
+            let deadline = Instant::now() + took.mul_f64(s.factor - 1.0);
+            if let Some(nap) = deadline.checked_duration_since(Instant::now() + Duration::from_millis(2)) {
+                std::thread::sleep(nap);
+            }
+            while Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
