@@ -17,7 +17,8 @@
 //! medians and 10th percentiles (the quiet-machine cost) and their ratios to `bare` (issue 5 asks
 //! `lbbsp / bare ≤ 1.1`). `REPS` sets the count.
 
-use lbbsp::dist::comm::{Communicator, Mpi};
+use lbbsp::dist::comm::Communicator;
+use lbbsp::dist::mpi::Mpi;
 use lbbsp::dist::slowest_sorted;
 use lbbsp::dist::sync::{GradSync, RankStats};
 use lbbsp::nn::model::Model;

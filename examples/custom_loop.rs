@@ -9,7 +9,8 @@
 
 use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
 use lbbsp::data::rng::Rng;
-use lbbsp::dist::comm::{Communicator, Mpi};
+use lbbsp::dist::comm::Communicator;
+use lbbsp::dist::mpi::Mpi;
 use lbbsp::dist::sync::{GradSync, RankStats};
 use lbbsp::profile::CpuSampler;
 use lbbsp::shard::{slice_for, EpochPlan};

@@ -47,7 +47,9 @@ pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};
 pub use data::dataset::{Dataset, Splits};
-pub use dist::comm::{Communicator, Local, Mpi, Solo};
+pub use dist::comm::{Communicator, Local, Solo};
+#[cfg(feature = "mpi")]
+pub use dist::mpi::Mpi;
 pub use error::{Error, Result};
 pub use kernels::isa::{Isa, IsaChoice};
 pub use nn::model::Model;

@@ -123,6 +123,7 @@ enum Caller {
 /// Counts of what `steps` training steps of `recipe` allocate after `warmup` steps:
 /// `(all, injector blocks, first other backtraces)`.
 fn step_allocations(recipe: &str, caller: Caller, warmup: usize, steps: usize) -> (usize, usize, Vec<String>) {
+    common::tier();
     let recipe = lbbsp::train::recipe::resolve(recipe, &[]).unwrap();
     let b = recipe.train.global_batch;
     let data = images(4 * b);
@@ -238,6 +239,7 @@ fn the_counter_sees_allocations_on_workers() {
 /// iterations, evaluation included) stays within 1.25× the bytes it must hold, and the RESULT line
 /// the comparison script parses is there.
 #[test]
+#[cfg(feature = "mpi")]
 fn w1_run_peak_rss_is_within_a_quarter_of_what_it_holds() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_lbbsp"))
         .args(["bench", "w1", "--iters", "25", "--warmup", "5", "--threads", "2"])

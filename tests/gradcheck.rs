@@ -19,6 +19,7 @@ const MODE: Mode = Mode { train: true, seed: 0, epoch: 0 };
 
 /// Loss `Σ r ⊙ y(x, p)` in f64 from an f32 forward pass.
 fn projected(layer: &mut dyn Layer, p: &[f32], x: &[f32], r: &[f32], b: usize) -> f64 {
+    common::tier();
     let mut y = vec![0.0; r.len()];
     let ids: Vec<usize> = (0..b).collect();
     let pass = Pass { mode: MODE, sample_ids: &ids };
@@ -44,6 +45,7 @@ fn check(layer: &mut dyn Layer, in_len: usize, b: usize, keep_away_from_zero: bo
 
 /// Like [`check`] at the input `x` (`b` rows).
 fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
+    common::tier();
     let in_len = x.len() / b;
     let mut rng = Rng::from_keys(&[43, in_len as u64]);
     let out_len: usize = layer.out_shape().iter().product();
@@ -188,6 +190,7 @@ fn residual_block() {
 
 /// The whole model: `grads` from `forward_backward` against finite differences of the mean loss.
 fn check_model(spec: ModelSpec, in_shape: &[usize], classes: usize, b: usize) {
+    common::tier();
     let mut m = Model::new(&spec, in_shape, classes, 3).unwrap();
     m.set_capacity(b);
     let mut rng = Rng::from_keys(&[9]);

@@ -34,10 +34,10 @@ fn every_tier_follows_the_same_loss_trajectory() {
     for recipe in ["mnist-mlp", "mnist-lenet5"] {
         let tiers = Isa::available();
         let (best, s) = run(tiers[0], 0, recipe, 100, &[]);
-        assert_eq!((best.len(), s.isa.as_str()), (100, tiers[0].name()));
+        assert_eq!((best.len(), s.isa), (100, tiers[0]));
         for &isa in &tiers[1..] {
             let (other, s) = run(isa, 0, recipe, 100, &[]);
-            assert_eq!(s.isa, isa.name(), "the summary names the tier in use");
+            assert_eq!(s.isa, isa, "the summary names the tier in use");
             let d = max_rel_diff(&best, &other, 100);
             eprintln!("{recipe}: {isa} vs {}: max relative loss difference {d:.2e}", tiers[0]);
             assert!(d <= 1e-4, "{recipe}: the {isa} tier differs from {} by {d:.2e} relative", tiers[0]);
@@ -56,7 +56,7 @@ fn split_invariance_on_every_tier() {
     for isa in Isa::available() {
         let (solo, _) = run(isa, 0, "mnist-lenet5", 40, &[]);
         let (two, s) = run(isa, 2, "mnist-lenet5", 40, &["--set", "balance.policy=lbbsp", "--slowdown", "1:3.0@5"]);
-        assert_eq!((s.world_size, s.isa.as_str()), (2, isa.name()));
+        assert_eq!((s.world_size, s.isa), (2, isa));
         let d = max_rel_diff(&solo, &two, 40);
         eprintln!("{isa}: 1 rank vs 2 ranks under lbbsp: max relative loss difference {d:.2e}");
         assert!(d <= 1e-4, "{isa}: 2 ranks differ from 1 rank by {d:.2e} relative");

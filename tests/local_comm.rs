@@ -18,7 +18,7 @@ fn three_thread_ranks_match_one_rank() {
             .unwrap();
     let data = Arc::new(lbbsp::data::load::load(&recipe.data, &common::data_dir()).unwrap());
     let solo = dir.join("solo.jsonl");
-    let opts = RunOptions { metrics: Some(solo.clone()), threads: 1, ..Default::default() };
+    let opts = RunOptions { metrics: Some(solo.clone()), ..Default::default() };
     lbbsp::train(&recipe, &data, &Solo, &opts).unwrap();
 
     let local = dir.join("local.jsonl");
@@ -27,12 +27,9 @@ fn three_thread_ranks_match_one_rank() {
         .map(|comm| {
             let (recipe, data, local) = (recipe.clone(), data.clone(), local.clone());
             std::thread::spawn(move || {
-                let opts = RunOptions {
-                    metrics: Some(local),
-                    threads: 1,
-                    slowdowns: vec![Slowdown { rank: 1, factor: 4.0, from_iter: 10 }],
-                    ..Default::default()
-                };
+                let opts = RunOptions { metrics: Some(local), ..Default::default() };
+                let mut recipe = recipe;
+                recipe.runtime.slowdown = vec![Slowdown { rank: 1, factor: 4.0, from_iter: 10 }];
                 lbbsp::train(&recipe, &data, &comm, &opts).map(|s| s.test_accuracy)
             })
         })

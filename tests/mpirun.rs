@@ -147,3 +147,40 @@ fn shm_ring_and_mpi_allreduce_train_identically_and_a_bad_setting_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("LBBSP_ALLREDUCE") && err.contains("shm"), "{err}");
 }
+
+/// Every setting that changes a run is in the resolved recipe written next to its results: the
+/// `[runtime]` section holds the tier, thread count and allreduce the run used (`auto` resolved,
+/// flags and environment over the recipe), and training from that file alone, with neither,
+/// gives the same losses bit for bit. And `balance.replay` takes an `lbbsp` run's splits from its
+/// metrics file, reproducing its losses exactly.
+#[test]
+fn the_resolved_recipe_reproduces_a_run() {
+    let dir = scratch("resolved-runtime");
+    let (m1, s1) = (dir.join("first.jsonl"), dir.join("first.json"));
+    let base = ["train", "digits-mlp", "-q", "--set", "train.max_iters=60", "--set", "balance.policy=lbbsp"];
+    let mut args = base.to_vec();
+    args.extend(["--slowdown", "1:3.0@10", "--threads", "1", "--metrics", m1.to_str().unwrap()]);
+    args.extend(["--summary", s1.to_str().unwrap()]);
+    lbbsp_env_ok(3, &[("LBBSP_ALLREDUCE", "mpi")], &args);
+    let resolved = dir.join("first.recipe.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    let recipe: toml::Value = toml::from_str(&text).unwrap();
+    let runtime = &recipe["runtime"];
+    assert_eq!(runtime["allreduce"].as_str(), Some("mpi"), "{text}");
+    assert_eq!(runtime["threads"].as_integer(), Some(1), "{text}");
+    assert_eq!(runtime["isa"].as_str(), Some(lbbsp::Isa::best().name()), "{text}");
+
+    // The same run from the resolved recipe, its splits replayed from the first run's metrics.
+    let m2 = dir.join("second.jsonl");
+    let replay = format!("balance.replay={}", m1.display());
+    let second = ["train", resolved.to_str().unwrap(), "-q", "--set", &replay, "--metrics", m2.to_str().unwrap()];
+    lbbsp_ok(3, &second);
+    assert_eq!(losses(&m1), losses(&m2), "the resolved recipe did not reproduce the run");
+    let r2 = lbbsp::train::metrics::read_records(&m2).unwrap();
+    assert!(r2.iter().any(|r| r.batch_sizes[1] < 20), "the replayed splits shed rank 1's work");
+
+    // A replay that does not fit the run is refused by name.
+    let out = lbbsp(2, &["train", resolved.to_str().unwrap(), "-q", "--set", &replay]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("first.jsonl") && err.contains("on 2 rank(s)"), "{err}");
+}

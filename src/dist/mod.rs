@@ -4,7 +4,10 @@
 
 pub(crate) mod clip;
 pub mod comm;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub(crate) mod ring;
+#[cfg(feature = "mpi")]
 pub(crate) mod shm;
 pub mod sync;
 

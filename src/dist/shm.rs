@@ -45,7 +45,7 @@ impl NodeWindow {
         let fail = |what: &str, code: c_int| {
             Error::Comm(format!(
                 "{what} failed (code {code}) for a {bytes}-byte shared window; \
-                 set LBBSP_ALLREDUCE=ring to sum over MPI_Sendrecv instead"
+                 pass `--allreduce ring` to sum over MPI_Sendrecv instead"
             ))
         };
         let mut win: ffi::MPI_Win = unsafe { std::mem::zeroed() };

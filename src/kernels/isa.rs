@@ -4,8 +4,8 @@
 //! (AVX2 with FMA: AMD Zen 1–3, Intel Haswell and later) and [`Isa::Portable`] (whatever the
 //! target compiles to without extra features: SSE2 on x86-64, NEON on aarch64). The tier is picked
 //! once, at the first kernel call or by [`Isa::select`], from what the CPU supports; a lower one can
-//! be forced (`lbbsp train --isa`, or `LBBSP_ISA` as a fallback) to compare tiers or to reproduce a
-//! run of another host. Within a tier, results are the same bits whatever the thread count or batch
+//! be forced (the recipe's `runtime.isa`, `lbbsp train --isa` or `LBBSP_ISA`) to compare tiers or
+//! to reproduce a run of another host. Within a tier, results are the same bits whatever the thread count or batch
 //! split; across tiers they agree to float rounding (the portable tier has no fused multiply-add).
 //!
 //! The kernels share one shape over the tiers through [`Simd`], a vector of `LANES` floats with the
@@ -29,9 +29,12 @@ pub enum Isa {
     Portable,
 }
 
-/// What a user may ask for: a tier, or the best the CPU has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a user may ask for: a tier, or the best the CPU has. Written as its name (`auto`, `avx512`,
+/// `avx2`, `portable`) in recipes and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum IsaChoice {
+    #[default]
     Auto,
     Exactly(Isa),
 }
@@ -74,14 +77,9 @@ impl Isa {
         Isa::ALL.into_iter().filter(|t| t.supported()).collect()
     }
 
-    /// The tier in use: the one [`Isa::select`] chose, else (on first use) `LBBSP_ISA` if set and
-    /// valid, else the best the CPU has. An invalid `LBBSP_ISA` is reported by [`Isa::select`]; a
-    /// library user who never calls it gets the best tier.
+    /// The tier in use: the one [`Isa::select`] chose, else (fixed on first use) the best the CPU has.
     pub fn active() -> Isa {
-        *ACTIVE.get_or_init(|| match IsaChoice::from_env() {
-            Ok(choice) => choice.resolve().unwrap_or_else(|_| Isa::best()),
-            Err(_) => Isa::best(),
-        })
+        *ACTIVE.get_or_init(Isa::best)
     }
 
     /// Fixes the tier for this process, before any kernel runs: `Auto` takes the best the CPU has.
@@ -121,15 +119,25 @@ impl std::str::FromStr for IsaChoice {
     }
 }
 
+impl TryFrom<String> for IsaChoice {
+    type Error = Error;
+    fn try_from(s: String) -> Result<IsaChoice> {
+        s.parse()
+    }
+}
+
+impl From<IsaChoice> for String {
+    fn from(c: IsaChoice) -> String {
+        c.name().to_string()
+    }
+}
+
 impl IsaChoice {
-    /// `LBBSP_ISA`, or `Auto` when it is unset.
-    pub fn from_env() -> Result<IsaChoice> {
-        match std::env::var("LBBSP_ISA") {
-            Ok(v) => v.parse().map_err(|e: Error| match e {
-                Error::Config { msg, .. } => Error::Config { field: "LBBSP_ISA".into(), msg },
-                other => other,
-            }),
-            Err(_) => Ok(IsaChoice::Auto),
+    /// Its name: `auto` or the tier's.
+    pub fn name(self) -> &'static str {
+        match self {
+            IsaChoice::Auto => "auto",
+            IsaChoice::Exactly(t) => t.name(),
         }
     }
 

@@ -6,12 +6,57 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it waits
-/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler. Written
+/// `RANK:FACTOR[@ITER]` (`1:3.0@30`) in `runtime.slowdown` and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Slowdown {
     pub rank: usize,
     pub factor: f64,
     pub from_iter: usize,
+}
+
+impl std::str::FromStr for Slowdown {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Slowdown> {
+        let err = |msg: String| Error::config("runtime.slowdown", msg);
+        let syntax = || err(format!("`{s}`: expected RANK:FACTOR[@ITER], e.g. 1:3.0@30"));
+        let (rank, rest) = s.split_once(':').ok_or_else(syntax)?;
+        let (factor, from) = rest.split_once('@').unwrap_or((rest, "0"));
+        let sd = Slowdown {
+            rank: rank.parse().map_err(|_| syntax())?,
+            factor: factor.parse().map_err(|_| syntax())?,
+            from_iter: from.parse().map_err(|_| syntax())?,
+        };
+        if !(sd.factor >= 1.0 && sd.factor.is_finite()) {
+            return Err(err(format!("`{s}`: FACTOR must be ≥ 1")));
+        }
+        Ok(sd)
+    }
+}
+
+impl TryFrom<String> for Slowdown {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Slowdown> {
+        s.parse()
+    }
+}
+
+impl From<Slowdown> for String {
+    fn from(s: Slowdown) -> String {
+        format!("{}:{}@{}", s.rank, s.factor, s.from_iter)
+    }
+}
+
+/// Checks that every slowed rank exists in a world of `world`.
+pub(crate) fn check_slowdowns(slowdowns: &[Slowdown], world: usize) -> Result<()> {
+    match slowdowns.iter().find(|s| s.rank >= world) {
+        Some(s) => Err(Error::config(
+            "runtime.slowdown",
+            format!("{}: rank {} does not exist in a world of {world}", String::from(*s), s.rank),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The batch sizes of an earlier run (`balance.replay`), by iteration.

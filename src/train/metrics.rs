@@ -96,9 +96,10 @@ impl std::fmt::Display for StragglerReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub recipe: String,
-    pub policy: String,
-    /// The kernels' instruction-set tier ([`crate::kernels::isa::Isa::name`]).
-    pub isa: String,
+    /// Written as the recipe spells it (`proportional-epoch`).
+    pub policy: crate::balance::Policy,
+    /// The kernels' instruction-set tier, by its name (`avx2`).
+    pub isa: crate::kernels::isa::Isa,
     pub world_size: usize,
     pub threads_per_rank: usize,
     pub iterations: usize,

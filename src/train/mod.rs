@@ -37,7 +37,7 @@ use crate::nn::layers::Mode;
 use crate::nn::model::Model;
 use crate::profile::CpuSampler;
 use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
-use crate::train::aids::{stretch, Replay};
+use crate::train::aids::{check_slowdowns, stretch, Replay};
 use crate::train::checkpoint::{Progress, Snapshot};
 use crate::train::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
 use crate::train::optim::Optimizer;
@@ -50,11 +50,8 @@ use std::time::Instant;
 pub struct RunOptions {
     /// Per-iteration JSONL records (written by rank 0).
     pub metrics: Option<PathBuf>,
-    /// Rayon threads per rank (for the summary).
-    pub threads: usize,
     /// Show the progress bar and per-epoch lines on rank 0.
     pub progress: bool,
-    pub slowdowns: Vec<Slowdown>,
     /// Write checkpoints into this folder (rank 0): every `checkpoint_every` iterations, and after
     /// the last iteration of the run.
     pub checkpoint_dir: Option<PathBuf>,
@@ -76,7 +73,6 @@ pub struct Run<'a> {
     sync: GradSync,
     sampler: CpuSampler,
     replay: Option<Replay>,
-    slowdowns: Vec<Slowdown>,
     obs: Vec<Observation>,
     pub progress: Progress,
     /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
@@ -97,6 +93,7 @@ impl<'a> Run<'a> {
         model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
         comm.broadcast_into(0, &mut model.params);
         let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
+        check_slowdowns(&recipe.runtime.slowdown, world)?;
         if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &opts.resume, rank) {
             checkpoint::check_fresh(dir)?;
         }
@@ -125,7 +122,6 @@ impl<'a> Run<'a> {
             balancer,
             sampler: CpuSampler::new(),
             replay,
-            slowdowns: opts.slowdowns.clone(),
             obs: Vec::with_capacity(world),
             progress,
             iters_per_epoch,
@@ -160,7 +156,7 @@ impl<'a> Run<'a> {
         ids.copy_from_slice(slice);
         let mode = Mode { train: true, seed: self.recipe.train.seed, epoch: epoch as u64 };
         let local = self.model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
-        stretch(&self.slowdowns, rank, iter, t0.elapsed());
+        stretch(&self.recipe.runtime.slowdown, rank, iter, t0.elapsed());
         let cpu = self.sampler.sample();
         let mine = RankStats {
             batch: slice.len(),
@@ -304,11 +300,11 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     if let Some((iter, loss, lr)) = diverged {
         return Err(Error::Diverged { iter, loss, lr });
     }
-    Ok(summary(&mut run, opts, &records, (started, train_s)))
+    Ok(summary(&mut run, &records, (started, train_s)))
 }
 
 /// The summary of a finished run, after its final evaluation (if the last epoch had none).
-fn summary(run: &mut Run, opts: &RunOptions, records: &[IterRecord], (started, train_s): (Instant, f64)) -> Summary {
+fn summary(run: &mut Run, records: &[IterRecord], (started, train_s): (Instant, f64)) -> Summary {
     let epochs_run = run.progress.epoch;
     if run.progress.evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
         let ev = run.evaluate(epochs_run.saturating_sub(1));
@@ -319,10 +315,10 @@ fn summary(run: &mut Run, opts: &RunOptions, records: &[IterRecord], (started, t
     let samples: usize = records.iter().map(|r| r.global_batch).sum();
     Summary {
         recipe: run.recipe.name.clone(),
-        policy: run.recipe.balance.policy.name().into(),
-        isa: crate::kernels::isa::Isa::active().name().into(),
+        policy: run.recipe.balance.policy,
+        isa: crate::kernels::isa::Isa::active(),
         world_size: run.comm.world_size(),
-        threads_per_rank: opts.threads,
+        threads_per_rank: run.recipe.runtime.threads.unwrap_or_else(rayon::current_num_threads),
         iterations: run.progress.step,
         epochs: epochs_run,
         test_accuracy: last.accuracy,

@@ -1,10 +1,12 @@
 //! Recipes: one TOML file names the data set, model, optimizer, global batch, epochs, seed,
-//! evaluation cadence and balancing policy. `--set KEY=VALUE` overrides any field; unknown or
-//! misspelled keys are errors that name the key.
+//! evaluation cadence, balancing policy and the runtime (kernel tier, threads, allreduce).
+//! `--set KEY=VALUE` overrides any field; unknown or misspelled keys are errors that name the key.
 
 use crate::balance::BalanceConfig;
 use crate::data::dataset::DataConfig;
+use crate::dist::comm::AllreduceChoice;
 use crate::error::{Error, Result};
+use crate::kernels::isa::IsaChoice;
 use crate::nn::model::ModelSpec;
 use crate::train::optim::OptimizerConfig;
 use serde::{Deserialize, Serialize};
@@ -22,6 +24,28 @@ pub struct Recipe {
     pub train: TrainConfig,
     #[serde(default)]
     pub balance: BalanceConfig,
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+}
+
+/// The `[runtime]` section: how a rank computes and communicates. It does not change what is
+/// computed (tiers agree to float rounding), but it changes every timing, so the resolved recipe
+/// written next to a result holds the values the run used (`auto` resolved).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// The kernels' instruction-set tier: `auto` (the best this CPU has), `avx512`, `avx2` or
+    /// `portable`. `--isa` / `LBBSP_ISA` override it.
+    pub isa: IsaChoice,
+    /// Rayon threads per rank; unset: the node's cores ÷ the ranks on the node. `--threads`
+    /// overrides it.
+    pub threads: Option<usize>,
+    /// How ranks sum the gradient: `auto`, `shm`, `ring` or `mpi`. `--allreduce` /
+    /// `LBBSP_ALLREDUCE` override it.
+    pub allreduce: AllreduceChoice,
+    /// Test aid: ranks whose compute time is stretched (`["1:3.0@30"]`: rank 1, 3× from
+    /// iteration 30), to make a deterministic straggler. `--slowdown` adds to it.
+    pub slowdown: Vec<crate::train::aids::Slowdown>,
 }
 
 /// The `[train]` section.
@@ -88,6 +112,9 @@ impl Recipe {
             if !(f > 0.0 && f < 1.0) {
                 return Err(Error::config("data.test_fraction", format!("must be in (0, 1), got {f}")));
             }
+        }
+        if self.runtime.threads == Some(0) {
+            return Err(Error::config("runtime.threads", "must be at least 1 (leave it unset for one per core)"));
         }
         self.optimizer.validate()?;
         self.balance.validate(self.train.global_batch)

@@ -14,7 +14,7 @@ pub fn data_dir() -> PathBuf {
 }
 
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_lbbsp")
+    option_env!("CARGO_BIN_EXE_lbbsp").expect("the lbbsp binary: build with the mpi feature")
 }
 
 /// A fresh scratch folder for one test.
@@ -113,12 +113,13 @@ pub fn images(n: usize) -> lbbsp::data::dataset::Dataset {
     }
 }
 
-/// The tier this test process runs its in-process kernels on: `LBBSP_ISA` when set (as
-/// `scripts/test.sh` sets it to run a test file on each tier), checked to be honoured, else the best.
+/// Fixes the tier this test process runs its in-process kernels on, and returns it: `LBBSP_ISA`
+/// when set (as `scripts/test.sh` sets it to run a test file on each tier), else the best. Call it
+/// before a test's first kernel (the tier is fixed by the first kernel call of the process).
 pub fn tier() -> lbbsp::Isa {
-    let isa = lbbsp::Isa::active();
-    if let Ok(want) = std::env::var("LBBSP_ISA") {
-        assert_eq!(isa.name(), want, "LBBSP_ISA={want} asks for a tier this CPU cannot run, or a wrong name");
-    }
-    isa
+    let choice = match std::env::var("LBBSP_ISA") {
+        Ok(v) => v.parse().unwrap_or_else(|e| panic!("LBBSP_ISA={v}: {e}")),
+        Err(_) => lbbsp::IsaChoice::Auto,
+    };
+    lbbsp::Isa::select(choice).unwrap_or_else(|e| panic!("LBBSP_ISA: {e}"))
 }

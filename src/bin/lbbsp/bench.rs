@@ -12,7 +12,8 @@
 //!   checked ([`allreduce`]).
 
 use lbbsp::data::rng::Rng;
-use lbbsp::dist::comm::{Allreduce, Communicator, Mpi};
+use lbbsp::dist::comm::Communicator;
+use lbbsp::dist::mpi::{Allreduce, Mpi};
 use lbbsp::error::{Error, Result};
 use lbbsp::kernels::gemm::{gemm, Trans};
 use lbbsp::train::metrics::IterRecord;

@@ -8,9 +8,11 @@ mod plot;
 use anyhow::{bail, Context, Result};
 use bench::Workload;
 use clap::{Parser, Subcommand};
-use lbbsp::dist::comm::{Communicator, Mpi};
+use lbbsp::dist::comm::{AllreduceChoice, Communicator};
+use lbbsp::dist::mpi::Mpi;
 use lbbsp::train::footprint::Footprint;
 use lbbsp::train::metrics::write_json;
+use lbbsp::train::recipe::RuntimeConfig;
 use lbbsp::train::{RunOptions, Slowdown};
 use std::path::{Path, PathBuf};
 
@@ -21,17 +23,33 @@ use std::path::{Path, PathBuf};
     about,
     after_help = "Environment:
   LBBSP_DATA       where the data sets are (same as --data-dir)
-  LBBSP_ALLREDUCE  how ranks sum the gradient: auto (default: shm on one node, ring across nodes),
-                   shm (MPI-3 shared window), ring (MPI_Sendrecv), mpi (one MPI_Allreduce)
-  LBBSP_ISA        the kernels' instruction-set tier (same as --isa)"
+  LBBSP_ALLREDUCE  how ranks sum the gradient (same as --allreduce)
+  LBBSP_ISA        the kernels' instruction-set tier (same as --isa)
+
+--isa, --allreduce and --threads override the recipe's [runtime] section; the resolved recipe
+written next to a result holds the values the run used."
 )]
 struct Cli {
     /// Instruction-set tier of the compute kernels: auto (the best this CPU has), avx512, avx2 or
-    /// portable. A lower tier than auto picks reproduces or compares another host's kernels.
-    #[arg(long, global = true, env = "LBBSP_ISA", default_value = "auto", value_parser = parse_isa)]
-    isa: lbbsp::IsaChoice,
+    /// portable. A lower tier than auto picks reproduces or compares another host's kernels
+    /// [default: the recipe's runtime.isa, else auto].
+    #[arg(long, global = true, env = "LBBSP_ISA", value_parser = parse_isa)]
+    isa: Option<lbbsp::IsaChoice>,
+    /// How ranks sum the gradient: auto (shm when every rank is on one node, else ring), shm (MPI-3
+    /// shared window), ring (MPI_Sendrecv) or mpi (one MPI_Allreduce) [default: the recipe's
+    /// runtime.allreduce, else auto].
+    #[arg(long, global = true, env = "LBBSP_ALLREDUCE", value_parser = parse_allreduce)]
+    allreduce: Option<AllreduceChoice>,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// What the command line says of a recipe's `[runtime]` section.
+#[derive(Clone, Copy)]
+struct RuntimeFlags {
+    isa: Option<lbbsp::IsaChoice>,
+    allreduce: Option<AllreduceChoice>,
+    threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -185,36 +203,40 @@ fn parse_every(s: &str) -> std::result::Result<usize, String> {
 }
 
 fn parse_slowdown(s: &str) -> std::result::Result<Slowdown, String> {
-    let err = || format!("`{s}`: expected RANK:FACTOR[@ITER], e.g. 1:3.0@30");
-    let (rank, rest) = s.split_once(':').ok_or_else(err)?;
-    let (factor, from) = rest.split_once('@').unwrap_or((rest, "0"));
-    let sd = Slowdown {
-        rank: rank.parse().map_err(|_| err())?,
-        factor: factor.parse().map_err(|_| err())?,
-        from_iter: from.parse().map_err(|_| err())?,
-    };
-    if !(sd.factor >= 1.0 && sd.factor.is_finite()) {
-        return Err(format!("`{s}`: FACTOR must be ≥ 1"));
-    }
-    Ok(sd)
+    s.parse().map_err(|e: lbbsp::Error| match e {
+        lbbsp::Error::Config { msg, .. } => msg,
+        other => other.to_string(),
+    })
 }
 
 fn parse_isa(s: &str) -> std::result::Result<lbbsp::IsaChoice, String> {
     s.parse().map_err(|e: lbbsp::Error| e.to_string())
 }
 
+fn parse_allreduce(s: &str) -> std::result::Result<AllreduceChoice, String> {
+    s.parse().map_err(|_| format!("unknown allreduce (--allreduce / LBBSP_ALLREDUCE): use {}", AllreduceChoice::NAMES))
+}
+
 fn main() {
     let cli = Cli::parse();
-    if let Err(e) = lbbsp::Isa::select(cli.isa) {
-        eprintln!("error: --isa: {e}");
-        std::process::exit(2);
+    let recipe_based = matches!(
+        &cli.cmd,
+        Cmd::Train(_) | Cmd::Eval(_) | Cmd::Bench(BenchArgs { what: BenchWhat::W1 | BenchWhat::W2, .. })
+    );
+    // Commands with a recipe take the tier from it (with --isa over it) in `start_runtime`.
+    if !recipe_based {
+        if let Err(e) = lbbsp::Isa::select(cli.isa.unwrap_or_default()) {
+            eprintln!("error: --isa: {e}");
+            std::process::exit(2);
+        }
     }
+    let flags = |threads| RuntimeFlags { isa: cli.isa, allreduce: cli.allreduce, threads };
     let result = match cli.cmd {
-        Cmd::Train(args) => on_ranks(|comm| train_on(comm, &args)),
-        Cmd::Eval(args) => on_ranks(|comm| eval_on(comm, &args)),
+        Cmd::Train(args) => on_ranks(|comm| train_on(comm, &args, flags(args.threads))),
+        Cmd::Eval(args) => on_ranks(|comm| eval_on(comm, &args, flags(args.threads))),
         Cmd::Bench(args) => match args.what {
-            BenchWhat::W1 => on_ranks(|comm| bench_on(comm, &args, Workload::W1)),
-            BenchWhat::W2 => on_ranks(|comm| bench_on(comm, &args, Workload::W2)),
+            BenchWhat::W1 => on_ranks(|comm| bench_on(comm, &args, Workload::W1, flags(args.threads))),
+            BenchWhat::W2 => on_ranks(|comm| bench_on(comm, &args, Workload::W2, flags(args.threads))),
             BenchWhat::Gemm => bench_gemm(&args),
             BenchWhat::Allreduce => on_ranks(|comm| bench_allreduce(comm, &args)),
         },
@@ -239,9 +261,9 @@ fn main() {
 }
 
 /// Runs `f` on every rank of the MPI job (one rank standalone).
-fn on_ranks(f: impl FnOnce(&Mpi) -> Result<()>) -> Result<()> {
-    let comm = Mpi::init()?;
-    let result = f(&comm);
+fn on_ranks(f: impl FnOnce(&mut Mpi) -> Result<()>) -> Result<()> {
+    let mut comm = Mpi::init()?;
+    let result = f(&mut comm);
     if let Err(e) = &result {
         if comm.world_size() > 1 {
             // Other ranks may be blocked in a collective: take the whole job down with a message.
@@ -252,17 +274,14 @@ fn on_ranks(f: impl FnOnce(&Mpi) -> Result<()>) -> Result<()> {
     result
 }
 
-fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
-    let recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
-    for s in &args.slowdown {
-        if s.rank >= comm.world_size() {
-            bail!("--slowdown {}:…: rank {} does not exist in a world of {}", s.rank, s.rank, comm.world_size());
-        }
-    }
+fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()> {
+    let mut recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
+    recipe.runtime.slowdown.extend(&args.slowdown);
     if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
         bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
     }
-    let threads = start_threads(comm, args.threads)?;
+    let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
+    let comm = &*comm;
     // Fail on the recipe/bounds before spending time on data.
     lbbsp::Balancer::new(&recipe.balance, recipe.train.global_batch, comm.world_size())?;
     let data = lbbsp::data::load::load(&recipe.data, &args.data.data_dir)?;
@@ -290,9 +309,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
     }
     let opts = RunOptions {
         metrics: args.metrics.clone(),
-        threads,
         progress: !args.quiet,
-        slowdowns: args.slowdown.clone(),
         checkpoint_dir: args
             .checkpoint_dir
             .clone()
@@ -315,7 +332,7 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
             summary.wall_s
         );
         if comm.world_size() > 1 && !args.quiet {
-            print!("straggler report ({} policy):\n{}", summary.policy, summary.stragglers);
+            print!("straggler report ({} policy):\n{}", summary.policy.name(), summary.stragglers);
         }
     }
     Ok(())
@@ -323,17 +340,18 @@ fn train_on(comm: &Mpi, args: &TrainArgs) -> Result<()> {
 
 /// Trains `w` for `--iters` iterations through the real loop and prints, on rank 0, its throughput
 /// over the iterations after `--warmup` and its peak memory against what it must hold.
-fn bench_on(comm: &Mpi, args: &BenchArgs, w: Workload) -> Result<()> {
+fn bench_on(comm: &mut Mpi, args: &BenchArgs, w: Workload, flags: RuntimeFlags) -> Result<()> {
     if args.warmup >= args.iters {
         bail!("--warmup {} leaves no iteration of --iters {} to time", args.warmup, args.iters);
     }
     // Enough epochs for any --iters (an epoch has at least one iteration).
     let set = [format!("train.max_iters={}", args.iters), format!("train.epochs={}", args.iters)];
-    let recipe = lbbsp::train::recipe::resolve(w.recipe(), &set)?;
-    let threads = start_threads(comm, args.threads)?;
+    let mut recipe = lbbsp::train::recipe::resolve(w.recipe(), &set)?;
+    let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
+    let comm = &*comm;
     let data = lbbsp::data::load::load(&recipe.data, Path::new("."))?;
     let metrics = std::env::temp_dir().join(format!("lbbsp-bench-{}.jsonl", std::process::id()));
-    let opts = RunOptions { metrics: Some(metrics.clone()), threads, ..RunOptions::default() };
+    let opts = RunOptions { metrics: Some(metrics.clone()), ..RunOptions::default() };
     lbbsp::train(&recipe, &data, comm, &opts)?;
     let peak = lbbsp::train::footprint::peak_rss()?;
     if comm.rank() != 0 {
@@ -411,18 +429,26 @@ fn bench_allreduce(comm: &Mpi, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Starts the global rayon pool with `threads` threads, by default the node's cores shared among
-/// its ranks; returns the count.
-fn start_threads(comm: &Mpi, threads: Option<usize>) -> Result<usize> {
+/// Sets up what the recipe's `[runtime]` section says, with the command line's flags over it: the
+/// kernels' tier, the global rayon pool (by default the node's cores shared among its ranks) and
+/// the allreduce. Rewrites `runtime` to the values in use (`auto` resolved), so that the resolved
+/// recipe written next to a result reproduces it; returns the thread count.
+fn start_runtime(comm: &mut Mpi, runtime: &mut RuntimeConfig, flags: RuntimeFlags) -> Result<usize> {
+    let isa = lbbsp::Isa::select(flags.isa.unwrap_or(runtime.isa)).context("runtime.isa / --isa")?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = threads.unwrap_or((cores / comm.local_size().max(1)).max(1));
+    let threads = flags.threads.or(runtime.threads).unwrap_or((cores / comm.local_size().max(1)).max(1));
     rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
+    let allreduce = comm.choose_allreduce(flags.allreduce.unwrap_or(runtime.allreduce))?;
+    runtime.isa = lbbsp::IsaChoice::Exactly(isa);
+    runtime.threads = Some(threads);
+    runtime.allreduce = allreduce.choice();
     Ok(threads)
 }
 
-fn eval_on(comm: &Mpi, args: &EvalArgs) -> Result<()> {
-    let recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
-    start_threads(comm, args.threads)?;
+fn eval_on(comm: &mut Mpi, args: &EvalArgs, flags: RuntimeFlags) -> Result<()> {
+    let mut recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
+    start_runtime(comm, &mut recipe.runtime, flags)?;
+    let comm = &*comm;
     let data = lbbsp::data::load::load(&recipe.data, &args.data.data_dir)?;
     let mut model = lbbsp::Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, recipe.train.seed)?;
     if comm.rank() == 0 {
