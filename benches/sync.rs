@@ -14,7 +14,7 @@
 //!
 //! with a barrier before each call and the order rotated every repetition, so each measures its
 //! collective from a common start. A repetition's time is the slowest rank's; the table shows
-//! medians and 10th percentiles (the quiet-machine cost) and their ratios to `bare` (issue 5 asks
+//! medians and 10th percentiles (the quiet-machine cost) and their ratios to `bare` (the target is
 //! `lbbsp / bare ≤ 1.1`). `REPS` sets the count.
 
 use lbbsp::dist::comm::Communicator;

@@ -6,6 +6,8 @@
 //!     mpirun -n 2 target/release/examples/custom_loop          # or run it alone: one rank
 //!
 //! Rank 1 is made artificially slower (it does its work twice), so LB-BSP gives it fewer samples.
+//! The iteration follows `lbbsp::train::Run::step`, the CLI's: slice, compute, the distributed step,
+//! the balancer's observation.
 
 use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
 use lbbsp::data::rng::Rng;
@@ -39,11 +41,12 @@ fn main() -> anyhow::Result<()> {
     for epoch in 0..3 {
         let plan = EpochPlan::new(n, global_batch, 1, epoch);
         for t in 0..plan.iterations() {
+            // This rank's slice: the balancer's split of B.
             let batch = plan.batch(t);
             let sizes = lbbsp::shard::rescale(balancer.sizes(), batch.len());
             let mine = &batch[slice_for(&sizes, rank)];
 
-            // Compute this rank's gradient *sum* / B and its loss sum.
+            // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, and its loss sum.
             let t0 = Instant::now();
             let repeats = if rank == 1 { 2 } else { 1 }; // a pretend straggler
             let mut loss_sum = 0.0f64;
@@ -69,14 +72,14 @@ fn main() -> anyhow::Result<()> {
                 cpu_share: s.cpu_share,
             };
 
-            // The distributed step: Σ_ranks (gradient sum / B) = exact mean gradient of the batch,
-            // and in the same allreduce every rank learns every rank's stats.
+            // ---- The distributed step ----: Σ_ranks (gradient sum / B) = the exact mean gradient
+            // of the batch, and in the same allreduce every rank learns every rank's stats.
             sync.all_reduce(&comm, &mut local_grad, &stats);
             for (wi, g) in w.iter_mut().zip(sync.grad()) {
                 *wi -= 0.5 * g;
             }
-            // The balancer, a pure function of the gathered (b_i, t_i), gives every rank the same
-            // next split.
+            // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split
+            // everywhere.
             let obs: Vec<Observation> =
                 sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }).collect();
             balancer.observe(&obs);

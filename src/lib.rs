@@ -28,12 +28,23 @@
 //!
 //! ## Using the pieces from your own loop
 //!
-//! The CLI (`lbbsp train`) is one user of the library; yours can be another. The pieces are
-//! [`dist::comm::Communicator`] (MPI via rsmpi, or [`dist::comm::Local`] threads for tests),
-//! [`shard::EpochPlan`] and [`shard::slice_for`] (the sharder), [`profile::CpuSampler`] (the
-//! profiler), [`dist::sync::GradSync`] (the gradient's sum carrying every rank's stats) and [`balance::Balancer`]
-//! (the balancer); see `examples/custom_loop.rs` and the loop
-//! in [`train::train`].
+//! The CLI (`lbbsp train`) is one user of the library; yours can be another
+//! (`examples/custom_loop.rs` is a complete one, `examples/replay.rs` replays a run's metrics
+//! through the balancer). The public API:
+//!
+//! - the LB-BSP core: [`balance::Balancer`] (with [`BalanceConfig`], [`Policy`], [`Observation`]),
+//!   [`shard::EpochPlan`], [`shard::slice_for`] and [`shard::rescale`] (the sharder),
+//!   [`profile::CpuSampler`] (the profiler);
+//! - ranks: [`dist::comm::Communicator`] with [`Solo`], [`Local`] (threads, for tests) and `Mpi`
+//!   (rsmpi; feature `mpi`, default), and [`dist::sync::GradSync`], the weighted gradient allreduce
+//!   carrying every rank's stats ([`dist::sync::RankStats`]);
+//! - the run: [`train::Run`] (whose [`train::Run::step`] is one iteration), [`train::train`], the
+//!   [`Recipe`], [`Optimizer`], checkpoints ([`train::checkpoint`]) and metrics
+//!   ([`train::metrics`]);
+//! - models: [`nn`] (layers as forward/backward pairs, [`Model`]) and data: [`data`] (the manifest,
+//!   readers, [`Dataset`]);
+//! - kernels: [`kernels::gemm::gemm`] and the instruction-set tier ([`Isa`], [`IsaChoice`]); the
+//!   packing, dot-product and convolution tiles and the thread team are internal.
 
 pub mod balance;
 pub mod data;

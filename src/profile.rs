@@ -6,7 +6,7 @@
 //! `Σ_{cores} busy(core) − own CPU time`. `/proc/stat` counts in clock ticks (usually 10 ms), so a
 //! single iteration's sample is coarse; averaged over a few iterations it tracks a co-located job well.
 //! For the same reason it is re-read at most once per tick: the kernel formats every core's and
-//! every interrupt's counters on each read (~20 µs, 1% of a 2 ms iteration), and a shorter
+//! every interrupt's counters on each read (tens of µs, a visible share of a short iteration), and a shorter
 //! iteration could not see a change anyway. An iteration that ends within a tick of the last read
 //! reports 0 and the next read reports everything since, so sums over iterations are unchanged.
 //! The rank's own CPU share is its process CPU time (all threads, nanosecond clock) over wall time.

@@ -1,4 +1,4 @@
-//! Memory (issue 5, target 6): a steady-state training step allocates nothing, and the bytes a run
+//! Memory: a steady-state training step allocates nothing, and the bytes a run
 //! must hold are measured, not guessed.
 //!
 //! A counting global allocator counts the allocations made on the test's thread and on rayon's

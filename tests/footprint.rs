@@ -1,4 +1,4 @@
-//! The bytes a run must hold (issue 5, target 6), measured by [`lbbsp::train::footprint::Footprint`] from the
+//! The bytes a run must hold, measured by [`lbbsp::train::footprint::Footprint`] from the
 //! process's heap statistics. A test binary of its own: glibc's `mallinfo2` is process-wide, so a
 //! neighbouring test freeing its thread's buffers mid-measurement would skew it.
 

@@ -132,8 +132,7 @@ fn load_idx(spec: &DatasetSpec, data_dir: &Path, images: Role, labels: Role) -> 
 /// An empty buffer with room for `len` features, backed by transparent huge pages where the kernel
 /// offers them (`madvise(MADV_HUGEPAGE)` before the first touch; Linux, best effort). A training
 /// batch gathers rows from all over the data set, and with 4 KB pages nearly every row costs a TLB
-/// miss whose page walk itself misses the caches: gathering 128 random MNIST rows took ~66 µs with
-/// 2 MB pages against ~93 µs without (one thread, cold caches).
+/// miss whose page walk itself misses the caches; 2 MB pages make most of those walks hits.
 fn feature_buffer(len: usize) -> Vec<f32> {
     let x: Vec<f32> = Vec::with_capacity(len);
     #[cfg(target_os = "linux")]

@@ -23,7 +23,7 @@ pub trait Communicator {
     /// `recv[r·n..(r+1)·n] = send of rank r`, with `n = send.len()`.
     fn all_gather_into(&self, send: &[f64], recv: &mut [f64]);
     /// Reduce-scatter in place: afterwards this rank's block of `buf`,
-    /// [`ring::block`]`(buf.len(), split, world, rank)`, holds `Σ_ranks` of that block; the rest of
+    /// `ring::block(buf.len(), split, world, rank)`, holds `Σ_ranks` of that block; the rest of
     /// `buf` is spent. With [`Communicator::all_gather_blocks`] it is an allreduce.
     fn reduce_scatter_sum(&self, buf: &mut [f32], split: usize);
     /// All-gather in place: every rank's block of `buf` (as in [`Communicator::reduce_scatter_sum`])
@@ -36,7 +36,7 @@ pub trait Communicator {
     fn scatters(&self, len: usize) -> bool;
 }
 
-/// This rank's block of a `len`-float buffer cut at `split` (see [`ring::block`]).
+/// This rank's block of a `len`-float buffer cut at `split` (see `ring::block`).
 pub fn my_block(comm: &dyn Communicator, len: usize, split: usize) -> std::ops::Range<usize> {
     ring::block(len, split, comm.world_size(), comm.rank())
 }

@@ -1,6 +1,6 @@
 //! The MPI communicator (rsmpi): launching and transport are MPI's job (`mpirun`/`srun` start the
 //! ranks, rsmpi carries the collectives); large sums go through an MPI-3 shared window on one node
-//! ([`crate::dist::shm`]) or a ring of `MPI_Sendrecv` across nodes ([`crate::dist::ring`]).
+//! (`crate::dist::shm`) or a ring of `MPI_Sendrecv` across nodes (`crate::dist::ring`).
 //! [`Mpi`] owns the MPI environment: initialised on creation, finalised on drop.
 
 use crate::dist::comm::{AllreduceChoice, Communicator};
@@ -13,14 +13,14 @@ use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 use std::cell::{Cell, RefCell};
 
-/// How [`Mpi`] sums large f32 buffers (the gradient), from [`ring::RING_MIN_FLOATS`] floats on;
+/// How [`Mpi`] sums large f32 buffers (the gradient), from `ring::RING_MIN_FLOATS` floats on;
 /// smaller ones always take `MPI_Allreduce`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allreduce {
-    /// Through an MPI-3 shared-memory window ([`crate::dist::shm`]): the default when every rank runs on
+    /// Through an MPI-3 shared-memory window (`crate::dist::shm`): the default when every rank runs on
     /// one node.
     Shared,
-    /// The [`ring`] on `MPI_Sendrecv`: the default across nodes.
+    /// The `ring` on `MPI_Sendrecv`: the default across nodes.
     Ring,
     /// `MPI_Allreduce` for every sum; the training loop then updates every parameter on every rank
     /// (no reduce-scatter / all-gather halves).
@@ -138,7 +138,7 @@ impl Mpi {
     }
 
     /// `recv = Σ_ranks send` by algorithm `a` (every rank must pass the same): [`Allreduce::Ring`]
-    /// for buffers of at least [`ring::RING_MIN_FLOATS`] floats, `MPI_Allreduce` otherwise.
+    /// for buffers of at least `ring::RING_MIN_FLOATS` floats, `MPI_Allreduce` otherwise.
     pub fn all_reduce_sum_with(&self, a: Allreduce, send: &[f32], recv: &mut [f32]) {
         let (rank, world) = (self.rank(), self.world_size());
         match self.path(a, send.len()) {

@@ -187,8 +187,8 @@ pub fn room(bytes: usize) -> Result<()> {
 /// Copies `src` to `dst` (in this rank's outbox) with non-temporal stores: the lines go to memory
 /// without being read for ownership first. The other rank read these lines two collectives ago
 /// and may still hold them; a plain copy (`memcpy`) must invalidate each one in its cache first,
-/// which in some runs on the 2-vCPU reference VM made a 1 MB copy take 0.2–0.4 ms instead of
-/// ~0.05 ms (3 of 10 training runs). Streaming stores cost ~0.06 ms in every run.
+/// a cost that varies several-fold with where the lines are (on virtual CPUs most of all), while
+/// streaming stores cost the same every time.
 ///
 /// # Safety
 /// `dst` is valid for `src.len()` floats and no other rank reads them until the next barrier.

@@ -2,9 +2,8 @@
 //!
 //! A fully connected layer's forward pass is `y = x·Wᵀ` with `x` (`b×in`) and `W` (`out×in`) both
 //! row-major, so row `i` of `x` and row `j` of `W` are contiguous over the reduction. The packed
-//! kernel of [`crate::kernels::gemm`] must first transpose `W` into column panels, which a batch of 64 rows
-//! hardly amortises (W1's first layer on one thread: ~83 GFLOP/s packed, ~100 here). Here a 4×5 register tile keeps 20 accumulators of 16 lanes,
-//! loads 4 rows of `A` and 5 rows of `B` 16 depths at a time straight from memory (the 5 rows of `B`
+//! kernel of [`crate::kernels::gemm`] must first transpose `W` into column panels, which a batch of
+//! 64 rows hardly amortises. Here a 4×5 register tile keeps 20 accumulators of 16 lanes, loads 4 rows of `A` and 5 rows of `B` 16 depths at a time straight from memory (the 5 rows of `B`
 //! stay in L1 while all row blocks of `A` pass by), and reduces the lanes once at the end.
 //!
 //! Every element is computed the same way wherever it sits: 16 lane sums over the depth in order

@@ -7,7 +7,7 @@
 //! register tile (broadcast A times loaded B) is updated per `k` step. The tile is 12×32 on
 //! AVX-512 (24 zmm accumulators), 6×16 on AVX2 (12 ymm) and 4×8 on the portable tier (8 vectors of
 //! 4), so that the accumulators and one row of B fill the tier's registers without spilling.
-//! Columns of `C` are split over the [`team`] in `NR`-aligned chunks (rows when `C` is narrow),
+//! Columns of `C` are split over the `team` in `NR`-aligned chunks (rows when `C` is narrow),
 //! each thread packing into its own reused buffers, so a steady-state call allocates nothing. On
 //! AVX-512 the packing uses register transposes (`src/pack.rs`), the tile prefetches what its
 //! epilogue touches, and `A·Bᵀ` with both operands
@@ -135,7 +135,7 @@ enum Prefer {
 }
 
 /// Runs `block(i0, rows, j0, cols)` over blocks of an `m×n` product on up to `threads` threads of
-/// the [`team`]: column blocks of whole `tile.1`-wide panels (each thread then reads or packs a
+/// the `team`: column blocks of whole `tile.1`-wide panels (each thread then reads or packs a
 /// disjoint part of op(B)) or row blocks of whole `tile.0`-row panels, as `prefer` says.
 fn split(
     m: usize,
@@ -304,7 +304,7 @@ thread_local! {
 }
 
 /// Sizes this thread's packing buffers for the largest block, once: GEMM blocks run on the calling
-/// thread and on the [`team`]'s helpers, so a steady-state call never allocates, whichever thread
+/// thread and on the `team`'s helpers, so a steady-state call never allocates, whichever thread
 /// takes which block.
 pub fn prepare_thread() {
     PACK.with_borrow_mut(|p| {

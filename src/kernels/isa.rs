@@ -8,10 +8,10 @@
 //! to reproduce a run of another host. Within a tier, results are the same bits whatever the thread count or batch
 //! split; across tiers they agree to float rounding (the portable tier has no fused multiply-add).
 //!
-//! The kernels share one shape over the tiers through [`Simd`], a vector of `LANES` floats with the
+//! The kernels share one shape over the tiers through `Simd`, a vector of `LANES` floats with the
 //! handful of operations a register tile needs. Kernel bodies are `#[inline(always)]` generic
 //! functions instantiated inside `#[target_feature]` entry points, so each tier's copy is compiled
-//! for its instruction set. NEON kernels would slot in as one more [`Simd`] implementation behind
+//! for its instruction set. NEON kernels would slot in as one more `Simd` implementation behind
 //! `cfg(target_arch = "aarch64")` and one more variant.
 
 use crate::error::{Error, Result};

@@ -1,7 +1,7 @@
-//! 2-D convolution, on the [`team`] in tasks of [`SAMPLES_PER_TASK`] samples.
+//! 2-D convolution, on the `team` in tasks of [`SAMPLES_PER_TASK`] samples.
 //!
 //! Stride-1 convolutions (every one of LeNet-5's, the 3×3 ones of the residual recipes) run
-//! directly on the padded planes, without unrolling them: see [`crate::kernels::correlate`], whose register
+//! directly on the padded planes, without unrolling them: see `crate::kernels::correlate`, whose register
 //! tiles keep a few output planes in AVX-512 registers per tap. That beats unrolling when channels
 //! are few (LeNet's first layer has `C·k·k = 25` and `O = 6`, where an im2col matrix is 25 times
 //! the input and a GEMM spends its time packing it).

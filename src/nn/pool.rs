@@ -2,7 +2,7 @@
 //!
 //! Windows have no padding; `H' = (H − kernel)/stride + 1` (likewise `W'`), so trailing rows and
 //! columns that no full window covers are dropped, as in PyTorch. Every layer works per sample, on
-//! the [`team`] in tasks of [`SAMPLES_PER_TASK`] samples.
+//! the `team` in tasks of [`SAMPLES_PER_TASK`] samples.
 
 use crate::kernels::grow;
 use crate::kernels::team;

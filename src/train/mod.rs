@@ -11,7 +11,7 @@
 //!    its block of the parameters; it updates that block (after optional gradient-norm clipping,
 //!    with the norm summed over ranks) and the all-gather shares the updated parameters and the
 //!    stats. The time splits into waiting for the slowest rank and transfer
-//!    ([`SyncTime`](crate::dist::sync::SyncTime)),
+//!    ([`SyncTime`]),
 //! 4. the balancer, fed the same gathered stats on every rank, computes the same next split
 //!    everywhere (no broadcast needed).
 //!
@@ -133,7 +133,7 @@ impl<'a> Run<'a> {
     /// One iteration on `batch` (sample ids of the global batch, from `epoch`'s permutation): this
     /// rank computes its slice's share of the gradient, the ranks take the distributed step, and the
     /// balancer observes every rank's size and time. Returns the iteration's record (this rank's
-    /// wait and transfer times only: the others' are known after the run, see [`fill_late_columns`]).
+    /// wait and transfer times only: the others' are known after the run, see `fill_late_columns`).
     pub fn step(&mut self, batch: &[usize], epoch: usize) -> Result<IterRecord> {
         let (rank, iter) = (self.comm.rank(), self.progress.step);
         let t_iter = Instant::now();

@@ -123,7 +123,7 @@ impl AllreduceRow {
 }
 
 /// Times `MPI_Allreduce`, the ring and the shared window (each of the last two from
-/// [`lbbsp::dist::ring::RING_MIN_FLOATS`] floats on) on each size, interleaved in rotating order, `reps`
+/// the ring's minimum of 4096 floats on) on each size, interleaved in rotating order, `reps`
 /// times after a warm-up, a barrier before each call.
 /// The buffers hold small integers, whose sums are exact in any order: each result, and that of the
 /// reduce-scatter + all-gather pair the training loop uses, is checked against the closed form on
