@@ -55,3 +55,23 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Serialises a type as its `Display` text and deserialises it through its `FromStr`: for settings
+/// a recipe writes as a name or a short syntax (`isa = "avx2"`, `slowdown = ["1:3.0@30"]`), so the
+/// parse error names what is wrong and how to write it.
+macro_rules! serde_as_string {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                let text = <String as serde::Deserialize>::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+pub(crate) use serde_as_string;

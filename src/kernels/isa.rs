@@ -31,8 +31,7 @@ pub enum Isa {
 
 /// What a user may ask for: a tier, or the best the CPU has. Written as its name (`auto`, `avx512`,
 /// `avx2`, `portable`) in recipes and on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IsaChoice {
     #[default]
     Auto,
@@ -119,18 +118,13 @@ impl std::str::FromStr for IsaChoice {
     }
 }
 
-impl TryFrom<String> for IsaChoice {
-    type Error = Error;
-    fn try_from(s: String) -> Result<IsaChoice> {
-        s.parse()
+impl std::fmt::Display for IsaChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
-impl From<IsaChoice> for String {
-    fn from(c: IsaChoice) -> String {
-        c.name().to_string()
-    }
-}
+crate::error::serde_as_string!(IsaChoice);
 
 impl IsaChoice {
     /// Its name: `auto` or the tier's.

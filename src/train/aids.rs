@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 /// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it waits
 /// `(factor − 1) ×` its measured compute time), to make a deterministic straggler. Written
 /// `RANK:FACTOR[@ITER]` (`1:3.0@30`) in `runtime.slowdown` and on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slowdown {
     pub rank: usize,
     pub factor: f64,
@@ -35,26 +34,20 @@ impl std::str::FromStr for Slowdown {
     }
 }
 
-impl TryFrom<String> for Slowdown {
-    type Error = Error;
-    fn try_from(s: String) -> Result<Slowdown> {
-        s.parse()
+impl std::fmt::Display for Slowdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}@{}", self.rank, self.factor, self.from_iter)
     }
 }
 
-impl From<Slowdown> for String {
-    fn from(s: Slowdown) -> String {
-        format!("{}:{}@{}", s.rank, s.factor, s.from_iter)
-    }
-}
+crate::error::serde_as_string!(Slowdown);
 
 /// Checks that every slowed rank exists in a world of `world`.
 pub(crate) fn check_slowdowns(slowdowns: &[Slowdown], world: usize) -> Result<()> {
     match slowdowns.iter().find(|s| s.rank >= world) {
-        Some(s) => Err(Error::config(
-            "runtime.slowdown",
-            format!("{}: rank {} does not exist in a world of {world}", String::from(*s), s.rank),
-        )),
+        Some(s) => {
+            Err(Error::config("runtime.slowdown", format!("{s}: rank {} does not exist in a world of {world}", s.rank)))
+        }
         None => Ok(()),
     }
 }

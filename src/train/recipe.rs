@@ -229,6 +229,33 @@ mod tests {
         }
     }
 
+    /// `[runtime]` round-trips through the resolved recipe, and a bad value names the key and the
+    /// values it takes.
+    #[test]
+    fn runtime_settings_parse_round_trip_and_bad_ones_are_named() {
+        let sets =
+            ["runtime.isa=avx2", "runtime.threads=3", "runtime.allreduce=ring", "runtime.slowdown=[\"1:2.5@7\"]"];
+        let r = Recipe::parse(DIGITS, Path::new("x.toml"), &sets.map(String::from)).unwrap();
+        let rt = &r.runtime;
+        assert_eq!(
+            (rt.isa, rt.threads, rt.allreduce),
+            (IsaChoice::Exactly(crate::Isa::Avx2), Some(3), AllreduceChoice::Ring)
+        );
+        assert_eq!(rt.slowdown, [crate::train::Slowdown { rank: 1, factor: 2.5, from_iter: 7 }]);
+        assert_eq!(Recipe::parse(&r.to_toml(), Path::new("resolved.toml"), &[]).unwrap(), r);
+        assert_eq!(Recipe::parse(DIGITS, Path::new("x.toml"), &[]).unwrap().runtime, RuntimeConfig::default());
+        for (set, want) in [
+            ("runtime.isa=avx3", "avx512, avx2 or portable"),
+            ("runtime.allreduce=tree", "runtime.allreduce"),
+            ("runtime.slowdown=[\"1-3\"]", "RANK:FACTOR"),
+            ("runtime.threads=0", "runtime.threads"),
+            ("runtime.cores=2", "cores"),
+        ] {
+            let e = Recipe::parse(DIGITS, Path::new("x.toml"), &[set.into()]).unwrap_err().to_string();
+            assert!(e.contains(want), "{set}: {e}");
+        }
+    }
+
     #[test]
     fn unknown_key_is_named() {
         let text = DIGITS.replace("epochs =", "epochz =");
