@@ -54,6 +54,7 @@ pub mod kernels;
 pub mod nn;
 pub mod profile;
 pub mod shard;
+pub mod sim;
 pub mod train;
 
 pub use balance::{BalanceConfig, Balancer, Observation, Policy};

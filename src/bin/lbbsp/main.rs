@@ -4,6 +4,7 @@
 mod bench;
 mod interfere;
 mod plot;
+mod simulate;
 
 use anyhow::{bail, Context, Result};
 use bench::Workload;
@@ -62,6 +63,8 @@ enum Cmd {
     Interfere(crate::interfere::InterfereArgs),
     /// Plot per-iteration metrics (JSONL) of one or more runs to an SVG.
     Plot(crate::plot::PlotArgs),
+    /// Run the balancing policies on a simulated cluster (a scenario of scenarios/, or --suite).
+    Simulate(crate::simulate::SimulateArgs),
     /// Time the training loop on a peer workload, or the GEMM; prints `RESULT` lines (see
     /// scripts/bench_peers.sh, which compares them with PyTorch, TensorFlow, JAX and numpy).
     Bench(BenchArgs),
@@ -253,6 +256,7 @@ fn main() {
         }
         Cmd::Interfere(args) => crate::interfere::run(&args).map_err(Into::into),
         Cmd::Plot(args) => crate::plot::run(&args).map_err(Into::into),
+        Cmd::Simulate(args) => crate::simulate::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,0 +1,456 @@
+//! Scenarios: a cluster of ranks, their compute and communication costs, and what interferes with
+//! them, as a TOML file (the shipped ones are in `scenarios/`, see `scenarios/README.md`).
+//!
+//! Rank `i` computes a batch of `b` samples at iteration `t` in
+//! `f_i(t) · (α + s_i·β·b) · (1 + σ·ε_i(t))` seconds: `s_i` is its static speed (a draw from
+//! `[compute].speeds`), `f_i(t) ≥ 1` the product of the slowdowns of the interference processes
+//! acting on it then, `ε_i(t)` a standard normal draw. Contention stretches fixed and per-sample
+//! costs alike, so `f` multiplies both. Every draw is keyed by (seed, process, rank, iteration),
+//! so every policy of a run sees the same cluster.
+
+use crate::data::rng::{mix64, Rng};
+use crate::error::{Error, Result};
+use crate::train::metrics::IterRecord;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A scenario file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Ranks when the command line does not say (`--ranks`).
+    pub ranks: usize,
+    pub iterations: usize,
+    /// The global batch is `batch_per_rank × ranks`, so a scenario scales with the cluster.
+    pub batch_per_rank: usize,
+    /// Iterations per epoch, for `proportional-epoch`.
+    #[serde(default = "default_epoch")]
+    pub epoch_iters: usize,
+    #[serde(default)]
+    pub seed: u64,
+    pub compute: Compute,
+    #[serde(default)]
+    pub comm: Comm,
+    #[serde(default)]
+    pub interference: Vec<Interference>,
+}
+
+fn default_epoch() -> usize {
+    100
+}
+
+/// `[compute]`: the per-rank cost line and its noise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compute {
+    /// Fixed seconds per iteration (α).
+    pub alpha_s: f64,
+    /// Seconds per sample (β) of a rank of speed 1.
+    pub beta_s: f64,
+    /// Relative standard deviation σ of a compute time.
+    #[serde(default)]
+    pub noise: f64,
+    /// Static per-rank multipliers of β.
+    #[serde(default)]
+    pub speeds: Speeds,
+}
+
+/// How static per-rank speeds are drawn (a multiplier of β: 2 is twice as slow).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Speeds {
+    #[default]
+    Equal,
+    /// Uniform in `[low, high]`.
+    Uniform { low: f64, high: f64 },
+    /// A `fraction` of the ranks (the first ones) `factor` times slower.
+    TwoClass { fraction: f64, factor: f64 },
+}
+
+/// `[comm]`: the α-β cost of the gradient allreduce, added to every iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Comm {
+    pub algorithm: CommAlgorithm,
+    /// Seconds per message (α).
+    pub latency_s: f64,
+    /// Bytes per second of a link (1/β).
+    pub bandwidth_bytes_per_s: f64,
+    /// The gradient's bytes.
+    pub bytes: f64,
+}
+
+impl Default for Comm {
+    fn default() -> Self {
+        Comm { algorithm: CommAlgorithm::Ring, latency_s: 5e-6, bandwidth_bytes_per_s: 1e10, bytes: 2.1e6 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CommAlgorithm {
+    /// Reduce-scatter + all-gather around a ring: `2(N−1)` steps of `bytes/N` each.
+    Ring,
+    /// Reduce and broadcast down a binary tree: `2·⌈log2 N⌉` steps of the whole buffer.
+    Tree,
+}
+
+impl Comm {
+    /// Seconds of one allreduce over `n` ranks.
+    pub fn seconds(&self, n: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let per_byte = 1.0 / self.bandwidth_bytes_per_s;
+        match self.algorithm {
+            CommAlgorithm::Ring => {
+                let steps = 2.0 * (n - 1) as f64;
+                steps * (self.latency_s + self.bytes / n as f64 * per_byte)
+            }
+            CommAlgorithm::Tree => {
+                let steps = 2.0 * (usize::BITS - (n - 1).leading_zeros()) as f64;
+                steps * (self.latency_s + self.bytes * per_byte)
+            }
+        }
+    }
+}
+
+/// Which ranks a process acts on: the first `count`, or the first `fraction` of them (at least
+/// one), or the listed ones.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Targets {
+    pub fraction: Option<f64>,
+    pub count: Option<usize>,
+    pub ranks: Vec<usize>,
+}
+
+impl Targets {
+    fn select(&self, n: usize) -> Vec<usize> {
+        if !self.ranks.is_empty() {
+            return self.ranks.iter().copied().filter(|&r| r < n).collect();
+        }
+        let k = match (self.count, self.fraction) {
+            (Some(c), _) => c.min(n),
+            (None, Some(f)) => ((f * n as f64).round() as usize).clamp(1, n),
+            (None, None) => n,
+        };
+        // Spread over the ranks (every n/k-th), so that a fraction of a small cluster is not all
+        // the low ranks.
+        (0..k).map(|j| j * n / k).collect()
+    }
+}
+
+/// One interference process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Interference {
+    /// A co-located job from iteration `from` to `until` (exclusive; unset: the end).
+    Steady {
+        #[serde(flatten)]
+        on: Targets,
+        factor: f64,
+        #[serde(default)]
+        from: usize,
+        until: Option<usize>,
+    },
+    /// On/off with a fixed period: `on` iterations slowed, `off` iterations not, from `from`.
+    Square {
+        #[serde(flatten)]
+        on: Targets,
+        factor: f64,
+        on_iters: usize,
+        off_iters: usize,
+        #[serde(default)]
+        from: usize,
+    },
+    /// A two-state Markov chain per rank: off → on with probability `p_on` per iteration, on →
+    /// off with `p_off` (mean burst `1/p_off` iterations).
+    Markov {
+        #[serde(flatten)]
+        on: Targets,
+        factor: f64,
+        p_on: f64,
+        p_off: f64,
+    },
+    /// Fail-slow episodes: each targeted rank starts one with probability `rate` per iteration,
+    /// lasting an exponential number of iterations of mean `mean_iters`, at a slowdown uniform in
+    /// `[factor_low, factor_high]`.
+    FailSlow {
+        #[serde(flatten)]
+        on: Targets,
+        rate: f64,
+        mean_iters: f64,
+        factor_low: f64,
+        factor_high: f64,
+    },
+    /// A measured run: the per-iteration JSONL of `lbbsp train --metrics`. Rank `i` of the
+    /// scenario follows rank `i mod world` of the trace, its slowdown at iteration `t` being its
+    /// seconds per sample then over its fastest (the trace repeats past its end).
+    Trace { path: PathBuf },
+}
+
+/// The slowdowns of one iteration, and the interference signal each rank reports for it.
+pub struct Cluster {
+    n: usize,
+    seed: u64,
+    /// Static speed of every rank (β multiplier).
+    pub speeds: Vec<f64>,
+    processes: Vec<Process>,
+    /// `f_i` of the current iteration.
+    pub factor: Vec<f64>,
+}
+
+enum Process {
+    Window { ranks: Vec<usize>, factor: f64, active: Box<dyn Fn(usize) -> bool> },
+    Markov { ranks: Vec<usize>, factor: f64, p_on: f64, p_off: f64, on: Vec<bool> },
+    FailSlow { ranks: Vec<usize>, rate: f64, mean: f64, low: f64, high: f64, left: Vec<(usize, f64)> },
+    Trace { factors: Vec<Vec<f64>> },
+}
+
+impl Scenario {
+    /// Reads a scenario file; `base` resolves relative trace paths (the file's folder).
+    pub fn load(path: &Path) -> Result<Scenario> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut s = Scenario::parse(&text, path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in &mut s.interference {
+            if let Interference::Trace { path } = p {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Parses and validates scenario text; `path` only names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Scenario> {
+        let err = |msg: String| Error::Recipe { path: path.to_path_buf(), msg };
+        let s: Scenario = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        let positive = [
+            ("ranks", s.ranks as f64),
+            ("iterations", s.iterations as f64),
+            ("batch_per_rank", s.batch_per_rank as f64),
+            ("epoch_iters", s.epoch_iters as f64),
+            ("compute.beta_s", s.compute.beta_s),
+            ("comm.bandwidth_bytes_per_s", s.comm.bandwidth_bytes_per_s),
+        ];
+        if let Some((k, v)) = positive.iter().find(|(_, v)| !(*v > 0.0 && v.is_finite())) {
+            return Err(err(format!("`{k}` must be positive, got {v}")));
+        }
+        if !(s.compute.alpha_s >= 0.0 && s.compute.noise >= 0.0 && s.compute.noise < 0.5) {
+            return Err(err("`compute.alpha_s` must be ≥ 0 and `compute.noise` in [0, 0.5)".into()));
+        }
+        for (k, p) in s.interference.iter().enumerate() {
+            p.validate().map_err(|m| err(format!("`interference[{k}]`: {m}")))?;
+        }
+        Ok(s)
+    }
+
+    /// The global batch at `n` ranks.
+    pub fn global_batch(&self, n: usize) -> usize {
+        self.batch_per_rank * n
+    }
+}
+
+impl Interference {
+    fn validate(&self) -> std::result::Result<(), String> {
+        let factor_ok = |f: f64| f >= 1.0 && f.is_finite();
+        let prob_ok = |p: f64| (0.0..=1.0).contains(&p);
+        match self {
+            Interference::Steady { factor, .. } | Interference::Square { factor, .. } if !factor_ok(*factor) => {
+                Err(format!("factor must be ≥ 1, got {factor}"))
+            }
+            Interference::Square { on_iters: 0, .. } => Err("on_iters must be at least 1".into()),
+            Interference::Markov { factor, p_on, p_off, .. } => {
+                match (factor_ok(*factor), prob_ok(*p_on), prob_ok(*p_off)) {
+                    (true, true, true) if *p_off > 0.0 => Ok(()),
+                    _ => Err("factor must be ≥ 1, p_on in [0, 1] and p_off in (0, 1]".into()),
+                }
+            }
+            Interference::FailSlow { rate, mean_iters, factor_low, factor_high, .. } => {
+                if prob_ok(*rate) && *mean_iters >= 1.0 && factor_ok(*factor_low) && factor_high >= factor_low {
+                    Ok(())
+                } else {
+                    Err("rate in [0, 1], mean_iters ≥ 1 and 1 ≤ factor_low ≤ factor_high".into())
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Per-rank slowdowns of a measured run: seconds per sample over the rank's fastest, by iteration.
+fn trace_factors(path: &Path) -> Result<Vec<Vec<f64>>> {
+    let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
+    let world = records.first().map_or(0, |r| r.batch_sizes.len());
+    if world == 0 {
+        return Err(Error::data(path, "holds no iterations: record one with `lbbsp train --metrics FILE`"));
+    }
+    let per_sample: Vec<Vec<f64>> = (0..world)
+        .map(|k| {
+            records
+                .iter()
+                .map(|r| {
+                    r.compute_s.get(k).copied().unwrap_or(0.0)
+                        / r.batch_sizes.get(k).copied().unwrap_or(1).max(1) as f64
+                })
+                .collect()
+        })
+        .collect();
+    Ok(per_sample
+        .into_iter()
+        .map(|s| {
+            let best = s.iter().copied().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+            s.iter().map(|v| if *v > 0.0 && best.is_finite() { v / best } else { 1.0 }).collect()
+        })
+        .collect())
+}
+
+impl Cluster {
+    /// The cluster of `scenario` at `n` ranks, before its first iteration.
+    pub fn new(scenario: &Scenario, n: usize) -> Result<Cluster> {
+        let seed = scenario.seed;
+        let mut rng = Rng::from_keys(&[seed, 0x5eed]);
+        let speeds = (0..n)
+            .map(|i| match scenario.compute.speeds {
+                Speeds::Equal => 1.0,
+                Speeds::Uniform { low, high } => low + (high - low) * rng.next_f64(),
+                Speeds::TwoClass { fraction, factor } => {
+                    if (i as f64) < fraction * n as f64 {
+                        factor
+                    } else {
+                        1.0
+                    }
+                }
+            })
+            .collect();
+        let mut processes = Vec::new();
+        for p in &scenario.interference {
+            processes.push(match p {
+                Interference::Steady { on, factor, from, until } => {
+                    let (from, until) = (*from, until.unwrap_or(usize::MAX));
+                    Process::Window {
+                        ranks: on.select(n),
+                        factor: *factor,
+                        active: Box::new(move |t| from <= t && t < until),
+                    }
+                }
+                Interference::Square { on, factor, on_iters, off_iters, from } => {
+                    let (from, on_i, period) = (*from, *on_iters, on_iters + off_iters);
+                    Process::Window {
+                        ranks: on.select(n),
+                        factor: *factor,
+                        active: Box::new(move |t| t >= from && (t - from) % period < on_i),
+                    }
+                }
+                Interference::Markov { on, factor, p_on, p_off } => {
+                    let ranks = on.select(n);
+                    let k = ranks.len();
+                    Process::Markov { ranks, factor: *factor, p_on: *p_on, p_off: *p_off, on: vec![false; k] }
+                }
+                Interference::FailSlow { on, rate, mean_iters, factor_low, factor_high } => {
+                    let ranks = on.select(n);
+                    let k = ranks.len();
+                    Process::FailSlow {
+                        ranks,
+                        rate: *rate,
+                        mean: *mean_iters,
+                        low: *factor_low,
+                        high: *factor_high,
+                        left: vec![(0, 1.0); k],
+                    }
+                }
+                Interference::Trace { path } => Process::Trace { factors: trace_factors(path)? },
+            });
+        }
+        Ok(Cluster { n, seed, speeds, processes, factor: vec![1.0; n] })
+    }
+
+    /// Advances every process to iteration `t` and sets [`Cluster::factor`].
+    pub fn step(&mut self, t: usize) {
+        self.factor.iter_mut().for_each(|f| *f = 1.0);
+        for (k, p) in self.processes.iter_mut().enumerate() {
+            let key = |r: usize| Rng::from_keys(&[self.seed, k as u64, r as u64, t as u64]);
+            match p {
+                Process::Window { ranks, factor, active } => {
+                    if active(t) {
+                        ranks.iter().for_each(|&r| self.factor[r] *= *factor);
+                    }
+                }
+                Process::Markov { ranks, factor, p_on, p_off, on } => {
+                    for (j, &r) in ranks.iter().enumerate() {
+                        let u = key(r).next_f64();
+                        on[j] = if on[j] { u >= *p_off } else { u < *p_on };
+                        if on[j] {
+                            self.factor[r] *= *factor;
+                        }
+                    }
+                }
+                Process::FailSlow { ranks, rate, mean, low, high, left } => {
+                    for (j, &r) in ranks.iter().enumerate() {
+                        if left[j].0 == 0 {
+                            let mut g = key(r);
+                            if g.next_f64() < *rate {
+                                let len = (-(1.0 - g.next_f64()).ln() * *mean).ceil().max(1.0) as usize;
+                                left[j] = (len, *low + (*high - *low) * g.next_f64());
+                            }
+                        }
+                        if left[j].0 > 0 {
+                            left[j].0 -= 1;
+                            self.factor[r] *= left[j].1;
+                        }
+                    }
+                }
+                Process::Trace { factors } => {
+                    for (r, f) in self.factor.iter_mut().enumerate() {
+                        let series = &factors[r % factors.len()];
+                        *f *= series[t % series.len()];
+                    }
+                }
+            }
+        }
+    }
+
+    /// The noise draw `ε_i(t)` (standard normal) of rank `i` at iteration `t`.
+    pub fn noise(&self, i: usize, t: usize) -> f64 {
+        Rng::from_keys(&[mix64(self.seed ^ 0x6e6f_6973_65), i as u64, t as u64]).normal() as f64
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.n
+    }
+}
+
+/// The scenarios shipped in `scenarios/`, embedded so that `lbbsp simulate steady-hog` works from
+/// any folder.
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("quiet", include_str!("../../scenarios/quiet.toml")),
+    ("heterogeneous", include_str!("../../scenarios/heterogeneous.toml")),
+    ("steady-hog", include_str!("../../scenarios/steady-hog.toml")),
+    ("square-wave", include_str!("../../scenarios/square-wave.toml")),
+    ("bursty", include_str!("../../scenarios/bursty.toml")),
+    ("fail-slow", include_str!("../../scenarios/fail-slow.toml")),
+];
+
+/// A scenario file, or the name of a shipped one.
+pub fn resolve(name_or_path: &str) -> Result<Scenario> {
+    let path = Path::new(name_or_path);
+    if path.exists() {
+        return Scenario::load(path);
+    }
+    match SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
+        Some((n, text)) => Scenario::parse(text, Path::new(&format!("scenarios/{n}.toml"))),
+        None => Err(Error::config(
+            "scenario",
+            format!(
+                "{name_or_path:?} is neither a file nor a shipped scenario ({})",
+                SHIPPED.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
+}
