@@ -114,29 +114,8 @@ pub fn simulate(
     let mut cluster = Cluster::new(scenario, n)?;
     let bounds = cfg.bounds(big_b, n)?;
     let comm_s = scenario.comm.seconds(n);
-    let mut tracks: Vec<Track> = SimPolicy::ALL
-        .iter()
-        .map(|&policy| {
-            let balancer = match policy {
-                SimPolicy::Lbbsp => Some(Policy::Lbbsp),
-                SimPolicy::ProportionalEpoch => Some(Policy::ProportionalEpoch),
-                _ => None,
-            }
-            .map(|p| Balancer::new(&BalanceConfig { policy: p, ..cfg.clone() }, big_b, n))
-            .transpose()?;
-            Ok(Track {
-                policy,
-                balancer,
-                sizes: equal_split(big_b, n),
-                times: Vec::with_capacity(scenario.iterations),
-                compute: vec![0.0; n],
-                idle: 0.0,
-                span: 0.0,
-                starved_run: vec![0; n],
-                longest_starved: 0,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let mut tracks: Vec<Track> =
+        SimPolicy::ALL.iter().map(|&p| Track::new(p, cfg, big_b, n, scenario.iterations)).collect::<Result<_>>()?;
     let (alpha, beta, sigma) = (scenario.compute.alpha_s, scenario.compute.beta_s, scenario.compute.noise);
     let mut lines = vec![Line { alpha, beta }; n];
     let mut before: Vec<Line> = Vec::new();
@@ -153,34 +132,18 @@ pub fn simulate(
         changed.push(t > 0 && lines != before);
         let oracle = equalize(&lines, big_b, &bounds);
         for tr in &mut tracks {
+            let late = if t == 0 { &lines } else { &before };
             tr.sizes = match tr.policy {
                 SimPolicy::Bsp => equal_split(big_b, n),
                 SimPolicy::Oracle => oracle.clone(),
-                SimPolicy::LateOracle => equalize(if t == 0 { &lines } else { &before }, big_b, &bounds),
+                SimPolicy::LateOracle => equalize(late, big_b, &bounds),
                 SimPolicy::Lbbsp | SimPolicy::ProportionalEpoch => {
                     tr.balancer.as_ref().expect("a balancing policy").sizes().to_vec()
                 }
             };
-            let mut slowest = 0.0f64;
-            for i in 0..n {
-                tr.compute[i] = lines[i].at(tr.sizes[i]) * noise[i];
-                slowest = slowest.max(tr.compute[i]);
-                let starved = (tr.sizes[i] as f64) < 0.5 * oracle[i] as f64;
-                tr.starved_run[i] = if starved { tr.starved_run[i] + 1 } else { 0 };
-                tr.longest_starved = tr.longest_starved.max(tr.starved_run[i]);
-            }
-            tr.idle += tr.compute.iter().map(|c| slowest - c).sum::<f64>();
-            tr.span += slowest * n as f64;
+            let slowest = tr.compute(&lines, &noise, &oracle);
             tr.times.push(slowest + comm_s);
-            if let Some(bal) = tr.balancer.as_mut() {
-                for (o, (&b, &c)) in obs.iter_mut().zip(tr.sizes.iter().zip(&tr.compute)) {
-                    *o = Observation { batch: b, compute_s: c };
-                }
-                bal.observe(&obs);
-                if (t + 1) % scenario.epoch_iters == 0 {
-                    bal.end_epoch();
-                }
-            }
+            tr.observe(&mut obs, (t + 1) % scenario.epoch_iters == 0);
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + comm_s;
@@ -192,6 +155,58 @@ pub fn simulate(
         before.clone_from(&lines);
     }
     Ok(summarise(scenario, n, big_b, comm_s, &tracks, &changed))
+}
+
+impl Track {
+    fn new(policy: SimPolicy, cfg: &BalanceConfig, big_b: usize, n: usize, iterations: usize) -> Result<Track> {
+        let balancer = match policy {
+            SimPolicy::Lbbsp => Some(Policy::Lbbsp),
+            SimPolicy::ProportionalEpoch => Some(Policy::ProportionalEpoch),
+            _ => None,
+        }
+        .map(|p| Balancer::new(&BalanceConfig { policy: p, ..cfg.clone() }, big_b, n))
+        .transpose()?;
+        Ok(Track {
+            policy,
+            balancer,
+            sizes: equal_split(big_b, n),
+            times: Vec::with_capacity(iterations),
+            compute: vec![0.0; n],
+            idle: 0.0,
+            span: 0.0,
+            starved_run: vec![0; n],
+            longest_starved: 0,
+        })
+    }
+
+    /// Every rank's compute time at the current sizes, the idle and starvation accounting against
+    /// the oracle's split; returns the slowest time.
+    fn compute(&mut self, lines: &[Line], noise: &[f64], oracle: &[usize]) -> f64 {
+        let mut slowest = 0.0f64;
+        for i in 0..lines.len() {
+            self.compute[i] = lines[i].at(self.sizes[i]) * noise[i];
+            slowest = slowest.max(self.compute[i]);
+            let starved = (self.sizes[i] as f64) < 0.5 * oracle[i] as f64;
+            self.starved_run[i] = if starved { self.starved_run[i] + 1 } else { 0 };
+            self.longest_starved = self.longest_starved.max(self.starved_run[i]);
+        }
+        self.idle += self.compute.iter().map(|c| slowest - c).sum::<f64>();
+        self.span += slowest * lines.len() as f64;
+        slowest
+    }
+
+    /// A balancing policy observes the iteration (and the end of an epoch).
+    fn observe(&mut self, obs: &mut [Observation], epoch_end: bool) {
+        if let Some(bal) = self.balancer.as_mut() {
+            for (o, (&b, &c)) in obs.iter_mut().zip(self.sizes.iter().zip(&self.compute)) {
+                *o = Observation { batch: b, compute_s: c };
+            }
+            bal.observe(obs);
+            if epoch_end {
+                bal.end_epoch();
+            }
+        }
+    }
 }
 
 /// The per-policy figures of finished tracks.

@@ -11,6 +11,7 @@
 use crate::data::rng::{mix64, Rng};
 use crate::error::{Error, Result};
 use crate::train::metrics::IterRecord;
+use crate::train::recipe::{shipped, Source};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -428,24 +429,15 @@ impl Cluster {
 
 /// The scenarios shipped in `scenarios/`, embedded so that `lbbsp simulate steady-hog` works from
 /// any folder.
-pub const SHIPPED: &[(&str, &str)] = &[
-    ("quiet", include_str!("../../scenarios/quiet.toml")),
-    ("heterogeneous", include_str!("../../scenarios/heterogeneous.toml")),
-    ("steady-hog", include_str!("../../scenarios/steady-hog.toml")),
-    ("square-wave", include_str!("../../scenarios/square-wave.toml")),
-    ("bursty", include_str!("../../scenarios/bursty.toml")),
-    ("fail-slow", include_str!("../../scenarios/fail-slow.toml")),
-];
+pub const SHIPPED: &[(&str, &str)] =
+    shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "fail-slow");
 
 /// A scenario file, or the name of a shipped one.
 pub fn resolve(name_or_path: &str) -> Result<Scenario> {
-    let path = Path::new(name_or_path);
-    if path.exists() {
-        return Scenario::load(path);
-    }
-    match SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
-        Some((n, text)) => Scenario::parse(text, Path::new(&format!("scenarios/{n}.toml"))),
-        None => Err(Error::config(
+    match Source::of(name_or_path, "scenarios", SHIPPED) {
+        Source::File(path) => Scenario::load(path),
+        Source::Shipped { path, text } => Scenario::parse(text, &path),
+        Source::Unknown => Err(Error::config(
             "scenario",
             format!(
                 "{name_or_path:?} is neither a file nor a shipped scenario ({})",

@@ -126,28 +126,46 @@ impl Recipe {
     }
 }
 
-/// The recipes shipped in `models/`, embedded so that `lbbsp train mnist-mlp` works from any folder.
-pub const SHIPPED: &[(&str, &str)] = &[
-    ("digits-mlp", include_str!("../../models/digits-mlp.toml")),
-    ("mnist-mlp", include_str!("../../models/mnist-mlp.toml")),
-    ("a9a-logreg", include_str!("../../models/a9a-logreg.toml")),
-    ("mnist-lenet5", include_str!("../../models/mnist-lenet5.toml")),
-    ("fashion-lenet5", include_str!("../../models/fashion-lenet5.toml")),
-    ("fashion-resnet", include_str!("../../models/fashion-resnet.toml")),
-    ("bench-w1", include_str!("../../models/bench-w1.toml")),
-    ("bench-w2", include_str!("../../models/bench-w2.toml")),
-];
+/// `(name, text)` of the TOML files `folder/NAME.toml` of the repository, embedded in the binary so
+/// that shipped names work from any folder.
+macro_rules! shipped {
+    ($folder:literal: $($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../", $folder, "/", $name, ".toml")))),*]
+    };
+}
+pub(crate) use shipped;
+
+/// What a name on the command line means: an existing file, else the shipped text of that name.
+pub(crate) enum Source<'a> {
+    File(&'a Path),
+    Shipped { path: PathBuf, text: &'static str },
+    Unknown,
+}
+
+impl<'a> Source<'a> {
+    pub(crate) fn of(name_or_path: &'a str, folder: &str, shipped: &[(&'static str, &'static str)]) -> Source<'a> {
+        let path = Path::new(name_or_path);
+        if path.exists() {
+            return Source::File(path);
+        }
+        match shipped.iter().find(|(n, _)| *n == name_or_path) {
+            Some((n, text)) => Source::Shipped { path: PathBuf::from(format!("{folder}/{n}.toml")), text },
+            None => Source::Unknown,
+        }
+    }
+}
+
+/// The recipes shipped in `models/`.
+pub const SHIPPED: &[(&str, &str)] = shipped!("models": "digits-mlp", "mnist-mlp", "a9a-logreg", "mnist-lenet5",
+    "fashion-lenet5", "fashion-resnet", "bench-w1", "bench-w2");
 
 /// Loads a recipe given as a file path, or as the name of a shipped recipe (`models/NAME.toml`).
 pub fn resolve(name_or_path: &str, overrides: &[String]) -> Result<Recipe> {
-    let path = Path::new(name_or_path);
-    if path.exists() {
-        return Recipe::load(path, overrides);
-    }
-    match SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
-        Some((n, text)) => Recipe::parse(text, &PathBuf::from(format!("models/{n}.toml")), overrides),
-        None => Err(Error::Recipe {
-            path: path.to_path_buf(),
+    match Source::of(name_or_path, "models", SHIPPED) {
+        Source::File(path) => Recipe::load(path, overrides),
+        Source::Shipped { path, text } => Recipe::parse(text, &path, overrides),
+        Source::Unknown => Err(Error::Recipe {
+            path: PathBuf::from(name_or_path),
             msg: format!(
                 "no such file, and not a shipped recipe name (known: {})",
                 SHIPPED.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
