@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 fn balance_step(c: &mut Criterion) {
     let mut g = c.benchmark_group("balance_step");
-    for &ranks in &[8usize, 64, 1024] {
+    for &ranks in &[8usize, 64, 1024, 10_000] {
         let cfg = BalanceConfig { policy: Policy::Lbbsp, dead_band: 0.0, ..Default::default() };
         let global = 64 * ranks;
         let mut bal = Balancer::new(&cfg, global, ranks).unwrap();

@@ -461,9 +461,11 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
         t_lo = t_lo.min(l.at(b.0));
         t_hi = t_hi.max(l.at(b.1));
     }
+    // Down to a relative width of 1e-9: below that, sizes move by far less than a sample, and the
+    // greedy fill below settles the last ones exactly.
     for _ in 0..100 {
         let mid = 0.5 * (t_lo + t_hi);
-        if mid <= t_lo || mid >= t_hi {
+        if mid <= t_lo || mid >= t_hi || t_hi - t_lo <= 1e-9 * t_hi.abs() {
             break;
         }
         if sum_at(mid) < total as f64 {

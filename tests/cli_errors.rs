@@ -101,3 +101,41 @@ fn diverging_training_stops_naming_the_fix_and_keeps_the_metrics() {
     assert!(!last.loss.is_finite(), "the last record is the diverged iteration: {}", last.loss);
     assert!(records[..records.len() - 1].iter().all(|r| r.loss.is_finite()));
 }
+
+/// `lbbsp simulate` runs a shipped scenario, a file and the suite; it writes JSON and per-policy
+/// records that `lbbsp plot` draws, and names a scenario it cannot find.
+#[test]
+fn simulate_runs_scenarios_and_names_a_missing_one() {
+    let dir = scratch("simulate");
+    let (json, metrics) = (dir.join("r.json"), dir.join("m"));
+    let out = lbbsp_ok(
+        0,
+        &[
+            "simulate",
+            "steady-hog",
+            "--ranks",
+            "8",
+            "--json",
+            json.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("steady-hog: 8 ranks") && text.contains("late-oracle"), "{text}");
+    let r: lbbsp::sim::SimResult = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((r.ranks, r.policies.len()), (8, 5));
+    let lbbsp_rec = lbbsp::train::metrics::read_records(&metrics.join("lbbsp.jsonl")).unwrap();
+    assert_eq!((lbbsp_rec.len(), lbbsp_rec[0].batch_sizes.len()), (1000, 8));
+    lbbsp_ok(0, &["plot", metrics.join("bsp.jsonl").to_str().unwrap(), "-o", dir.join("p.svg").to_str().unwrap()]);
+    let suite = lbbsp_ok(0, &["simulate", "--suite", "--suite-ranks", "4", "--iterations", "30"]);
+    assert_eq!(String::from_utf8_lossy(&suite.stdout).lines().count(), 1 + lbbsp::sim::scenario::SHIPPED.len());
+    fails_with(&["simulate", "no-such-scenario"], None, &["no-such-scenario", "steady-hog"]);
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "name = \"b\"\nranks = 2\niterations = 5\nbatch_per_rank = 4\n[compute]\nalpha_s = 0.0\nbeta_s = -1.0\n",
+    )
+    .unwrap();
+    fails_with(&["simulate", bad.to_str().unwrap()], None, &["bad.toml", "compute.beta_s"]);
+}
