@@ -382,6 +382,33 @@ bytes = 0.0
         assert!((on_iters as f64 / 4000.0 - 2.0 / 7.0).abs() < 0.05, "{on_iters}");
     }
 
+    /// A measured run drives the cluster: each rank's seconds per sample over its fastest, ranks
+    /// past the trace's world following rank `i mod world`, the trace repeating past its end.
+    #[test]
+    fn a_trace_replays_each_ranks_measured_slowdown() {
+        let dir = std::env::temp_dir().join(format!("lbbsp-sim-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.jsonl");
+        let mut w = crate::train::metrics::JsonlWriter::create(&path).unwrap();
+        for t in 0..10 {
+            // Rank 1 takes twice as long per sample from iteration 5 on (with another batch size).
+            let slow = if t >= 5 { 2.0 } else { 1.0 };
+            w.write(&IterRecord::timed(t, vec![64, 32], vec![0.064, 0.032 * slow])).unwrap();
+        }
+        w.flush().unwrap();
+        let text = format!("[[interference]]\nkind = \"trace\"\npath = {:?}\n", path.display().to_string());
+        let mut c = Cluster::new(&two_ranks(&text), 4).unwrap();
+        for t in 0..15 {
+            c.step(t);
+            let f1 = if t % 10 >= 5 { 2.0 } else { 1.0 };
+            assert_eq!(c.factor, [1.0, f1, 1.0, f1], "iteration {t}");
+        }
+        let missing = two_ranks("[[interference]]\nkind = \"trace\"\npath = \"/nonexistent/run.jsonl\"\n");
+        let e = Cluster::new(&missing, 2).err().expect("a missing trace is an error").to_string();
+        assert!(e.contains("/nonexistent/run.jsonl"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn bad_scenarios_name_the_field() {
         for (bad, want) in [
