@@ -12,7 +12,7 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct SimulateArgs {
     /// Scenario file, or the name of a shipped one in scenarios/ (quiet, heterogeneous,
-    /// steady-hog, square-wave, bursty, fail-slow).
+    /// steady-hog, square-wave, bursty, fail-slow, spikes).
     scenario: Option<String>,
     /// Ranks [default: the scenario's].
     #[arg(long)]
