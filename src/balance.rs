@@ -75,9 +75,8 @@ pub struct BalanceConfig {
     pub confirm_iters: usize,
     /// A time this far from the prediction (`t/p > 1 + jump` or `p/t > 1 + jump`) is a change of
     /// speed at once, unconfirmed: every iteration spent waiting costs the whole cluster, while a
-    /// one-off spike adopted costs one mis-split iteration (the simulator's suite: recovery from
-    /// 3 iterations to 1, `fail-slow` at 256 ranks 0.78 → 0.88 of the oracle, `spikes` 0.892 →
-    /// 0.888).
+    /// one-off spike adopted costs one mis-split iteration (the trade-off on the simulator's
+    /// suite: docs/simulator.md).
     pub jump: f64,
     /// Iterations at the start whose timings are ignored (cold caches, lazy page faults).
     pub warmup_iters: usize,
@@ -243,27 +242,28 @@ pub struct RankFit {
 impl RankFit {
     /// The current fit, or `None` before any observation.
     pub fn line(&self) -> Option<Line> {
+        let (b_mean, t_mean) = self.level()?;
+        Some(self.own_line().unwrap_or(Line { alpha: 0.0, beta: (t_mean / b_mean).max(1e-12) }))
+    }
+
+    /// Mean size and time of the recent (quickly forgotten) observations.
+    fn level(&self) -> Option<(f64, f64)> {
         let f = &self.fast;
-        if f.w <= 0.0 || f.b <= 0.0 || f.t <= 0.0 {
-            return None;
-        }
-        let (b_mean, t_mean) = (f.b / f.w, f.t / f.w);
-        let proportional = Line { alpha: 0.0, beta: (t_mean / b_mean).max(1e-12) };
-        match self.slow.slope() {
-            Some(beta) if beta > 0.0 && beta.is_finite() => {
-                let alpha = t_mean - beta * b_mean;
-                Some(if alpha >= 0.0 { Line { alpha, beta } } else { proportional })
-            }
-            _ => Some(proportional),
-        }
+        (f.w > 0.0 && f.b > 0.0 && f.t > 0.0).then(|| (f.b / f.w, f.t / f.w))
+    }
+
+    /// The two-parameter line through the level with the slowly forgotten slope, once that slope is
+    /// known and leaves a fixed cost `α ≥ 0`.
+    fn own_line(&self) -> Option<Line> {
+        let (b_mean, t_mean) = self.level()?;
+        let beta = self.slow.slope().filter(|b| *b > 0.0 && b.is_finite())?;
+        let alpha = t_mean - beta * b_mean;
+        (alpha >= 0.0).then_some(Line { alpha, beta })
     }
 
     /// The rank's own fixed cost in samples' worth, `α/β`, once its slope is known.
     fn shape(&self) -> Option<f64> {
-        let beta = self.slow.slope().filter(|b| *b > 0.0 && b.is_finite())?;
-        let f = &self.fast;
-        let alpha = f.t / f.w - beta * f.b / f.w;
-        (alpha >= 0.0).then_some(alpha / beta)
+        self.own_line().map(|l| l.alpha / l.beta)
     }
 
     /// The line through the rank's recent level (mean size and time) whose fixed cost is `rho`
@@ -271,11 +271,8 @@ impl RankFit {
     /// parameter left, its speed, which noisy sizes that barely moved cannot make degenerate.
     pub fn line_with(&self, rho: Option<f64>) -> Option<Line> {
         let Some(rho) = rho else { return self.line() };
-        let f = &self.fast;
-        if f.w <= 0.0 || f.b <= 0.0 || f.t <= 0.0 {
-            return None;
-        }
-        let beta = (f.t / f.w) / (rho + f.b / f.w);
+        let (b_mean, t_mean) = self.level()?;
+        let beta = t_mean / (rho + b_mean);
         Some(Line { alpha: rho * beta, beta: beta.max(1e-12) })
     }
 
@@ -443,7 +440,8 @@ impl Balancer {
         if self.cfg.policy == Policy::Lbbsp && self.seen < self.cfg.warmup_iters + self.cfg.probe_iters {
             self.sizes = self.probe(self.seen);
         } else if self.cfg.policy == Policy::Lbbsp {
-            let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line_with(self.shape())).collect();
+            let rho = self.shape();
+            let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line_with(rho)).collect();
             if let Some(lines) = lines {
                 self.adopt(&lines);
             }
@@ -500,9 +498,9 @@ impl Balancer {
 
 /// Ranks with a known shape from which the shape is pooled. A handful of ranks each see their own
 /// sizes vary enough to fit their own line, and the median of a handful moves with each one's
-/// noise (in the property tests of 2–8 ranks, a pooled shape made sizes wobble and undershoot
-/// after a step change); thousands of fits have a tail of degenerate ones, which the pool removes
-/// (the suite's `quiet` at 10,000 ranks: 0.54 of the oracle without it, 0.997 with it).
+/// noise (sizes wobble and undershoot after a step change, as the property tests of 2–8 ranks
+/// show); thousands of fits have a tail of degenerate ones, which the pool removes (the
+/// simulator's `quiet` scenario at 10,000 ranks: docs/simulator.md).
 pub const POOL_FROM: usize = 16;
 
 /// The fixed cost, in samples' worth, that the ranks share: the median of the shapes `α_i/β_i` of
@@ -512,6 +510,9 @@ pub const POOL_FROM: usize = 16;
 ///
 /// `None` below [`POOL_FROM`] ranks with a known shape: each rank then keeps its own line.
 pub fn pooled_shape(fits: &[RankFit]) -> Option<f64> {
+    if fits.len() < POOL_FROM {
+        return None;
+    }
     let mut shapes: Vec<f64> = fits.iter().filter_map(RankFit::shape).collect();
     if shapes.len() < POOL_FROM {
         return None;

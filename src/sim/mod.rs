@@ -131,16 +131,18 @@ pub fn simulate(
         }
         changed.push(t > 0 && lines != before);
         let oracle = equalize(&lines, big_b, &bounds);
+        let cpu_share: Vec<f64> =
+            if record.is_some() { cluster.factor.iter().map(|f| 1.0 / f).collect() } else { Vec::new() };
         for tr in &mut tracks {
-            let late = if t == 0 { &lines } else { &before };
-            tr.sizes = match tr.policy {
-                SimPolicy::Bsp => equal_split(big_b, n),
-                SimPolicy::Oracle => oracle.clone(),
-                SimPolicy::LateOracle => equalize(late, big_b, &bounds),
+            match tr.policy {
+                // bsp keeps the equal split it starts with.
+                SimPolicy::Bsp => {}
+                SimPolicy::Oracle => tr.sizes.copy_from_slice(&oracle),
+                SimPolicy::LateOracle => tr.sizes = equalize(if t == 0 { &lines } else { &before }, big_b, &bounds),
                 SimPolicy::Lbbsp | SimPolicy::ProportionalEpoch => {
-                    tr.balancer.as_ref().expect("a balancing policy").sizes().to_vec()
+                    tr.sizes.copy_from_slice(tr.balancer.as_ref().expect("a balancing policy").sizes())
                 }
-            };
+            }
             let slowest = tr.compute(&lines, &noise, &oracle);
             tr.times.push(slowest + comm_s);
             tr.observe(&mut obs, (t + 1) % scenario.epoch_iters == 0);
@@ -148,7 +150,7 @@ pub fn simulate(
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + comm_s;
                 r.comm_s = vec![comm_s; n];
-                r.cpu_share = cluster.factor.iter().map(|f| 1.0 / f).collect();
+                r.cpu_share.clone_from(&cpu_share);
                 rec(tr.policy, r);
             }
         }

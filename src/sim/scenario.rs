@@ -196,7 +196,6 @@ pub enum Interference {
 
 /// The slowdowns of one iteration, and the interference signal each rank reports for it.
 pub struct Cluster {
-    n: usize,
     seed: u64,
     /// Static speed of every rank (β multiplier).
     pub speeds: Vec<f64>,
@@ -213,7 +212,7 @@ enum Process {
 }
 
 impl Scenario {
-    /// Reads a scenario file; `base` resolves relative trace paths (the file's folder).
+    /// Reads a scenario file; a relative trace path is relative to the file's folder.
     pub fn load(path: &Path) -> Result<Scenario> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let mut s = Scenario::parse(&text, path)?;
@@ -230,7 +229,7 @@ impl Scenario {
 
     /// Parses and validates scenario text; `path` only names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Scenario> {
-        let err = |msg: String| Error::Recipe { path: path.to_path_buf(), msg };
+        let err = |msg: String| Error::data(path, msg);
         let s: Scenario = toml::from_str(text).map_err(|e| err(e.to_string()))?;
         let positive = [
             ("ranks", s.ranks as f64),
@@ -369,7 +368,7 @@ impl Cluster {
                 Interference::Trace { path } => Process::Trace { factors: trace_factors(path)? },
             });
         }
-        Ok(Cluster { n, seed, speeds, processes, factor: vec![1.0; n] })
+        Ok(Cluster { seed, speeds, processes, factor: vec![1.0; n] })
     }
 
     /// Advances every process to iteration `t` and sets [`Cluster::factor`].
@@ -420,10 +419,6 @@ impl Cluster {
     /// The noise draw `ε_i(t)` (standard normal) of rank `i` at iteration `t`.
     pub fn noise(&self, i: usize, t: usize) -> f64 {
         Rng::from_keys(&[mix64(self.seed ^ 0x6e6f_6973_65), i as u64, t as u64]).normal() as f64
-    }
-
-    pub fn ranks(&self) -> usize {
-        self.n
     }
 }
 
