@@ -18,10 +18,7 @@ fn balance_step(c: &mut Criterion) {
             bal.sizes()
                 .iter()
                 .zip(&speed)
-                .map(|(&b, s)| Observation {
-                    batch: b,
-                    compute_s: (1e-4 + s * b as f64) * (1.0 + 0.02 * rng.next_f64()),
-                })
+                .map(|(&b, s)| Observation::new(b, (1e-4 + s * b as f64) * (1.0 + 0.02 * rng.next_f64())))
                 .collect()
         };
         for _ in 0..10 {

@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
             let mine = &batch[slice_for(&sizes, rank)];
 
             // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, and its loss sum.
+            cpu.mark();
             let t0 = Instant::now();
             let repeats = if rank == 1 { 2 } else { 1 }; // a pretend straggler
             let mut loss_sum = 0.0f64;
@@ -80,8 +81,11 @@ fn main() -> anyhow::Result<()> {
             }
             // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split
             // everywhere.
-            let obs: Vec<Observation> =
-                sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }).collect();
+            let obs: Vec<Observation> = sync
+                .stats
+                .iter()
+                .map(|s| Observation { batch: s.batch, compute_s: s.compute_s, cpu_share: s.cpu_share })
+                .collect();
             balancer.observe(&obs);
             if rank == 0 && t == plan.iterations() - 1 {
                 let loss = sync.stats.iter().map(|s| s.loss_sum).sum::<f64>() / batch.len() as f64;

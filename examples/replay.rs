@@ -8,8 +8,13 @@ fn main() -> anyhow::Result<()> {
     let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
     let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;
     for r in &recs {
-        let obs: Vec<Observation> =
-            r.batch_sizes.iter().zip(&r.compute_s).map(|(&b, &c)| Observation { batch: b, compute_s: c }).collect();
+        let obs: Vec<Observation> = (0..world)
+            .map(|k| Observation {
+                batch: r.batch_sizes[k],
+                compute_s: r.compute_s[k],
+                cpu_share: r.cpu_share.get(k).copied().unwrap_or(1.0),
+            })
+            .collect();
         bal.observe(&obs);
         let lines: Vec<String> = bal
             .fits

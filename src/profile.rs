@@ -139,7 +139,13 @@ impl CpuSampler {
         busy_s_from(&self.text, &self.cores, ticks_per_s())
     }
 
-    /// The sample since the previous call (or creation), and starts a new one.
+    /// Starts the CPU share's interval here, so that the next sample's share covers what follows
+    /// only (the interference's interval goes on from its last read of `/proc/stat`).
+    pub fn mark(&mut self) {
+        (self.own, self.wall) = (process_cpu_s(), Instant::now());
+    }
+
+    /// The sample since the previous call (or creation, or [`CpuSampler::mark`]), and starts a new one.
     /// `/proc/stat` is read only when a tick has passed since its last read (see the module docs).
     pub fn sample(&mut self) -> CpuSample {
         let (own, wall) = (process_cpu_s(), Instant::now());

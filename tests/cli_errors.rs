@@ -139,3 +139,37 @@ fn simulate_runs_scenarios_and_names_a_missing_one() {
     .unwrap();
     fails_with(&["simulate", bad.to_str().unwrap()], None, &["bad.toml", "compute.beta_s"]);
 }
+
+/// `lbbsp simulate --calibrate RUN.jsonl` prints a scenario that replays the run, which `lbbsp
+/// simulate` then runs; a run the simulator cannot replay is named with the reason.
+#[test]
+fn simulate_calibrates_a_replay_of_a_recorded_run() {
+    use lbbsp::train::metrics::{IterRecord, JsonlWriter};
+    let dir = scratch("calibrate");
+    let run = dir.join("run.jsonl");
+    let mut w = JsonlWriter::create(&run).unwrap();
+    for t in 0..20 {
+        let slow = if t >= 10 { 2.0 } else { 1.0 };
+        let mut r = IterRecord::timed(t, vec![64, 64], vec![0.064, 0.064 * slow]);
+        (r.cpu_share, r.iter_s) = (vec![1.0, 1.0 / slow], r.iter_s + 0.001);
+        w.write(&r).unwrap();
+    }
+    w.flush().unwrap();
+    let out = lbbsp_ok(0, &["simulate", "--calibrate", run.to_str().unwrap()]);
+    let scenario_path = dir.join("replay.toml");
+    std::fs::write(&scenario_path, &out.stdout).unwrap();
+    let s = lbbsp::sim::Scenario::load(&scenario_path).unwrap();
+    assert_eq!((s.ranks, s.iterations, s.batch_per_rank), (2, 20, 64), "{s:?}");
+    assert!((s.comm.fixed_s - 0.001).abs() < 1e-12, "{s:?}");
+    let json = dir.join("replay.json");
+    lbbsp_ok(0, &["simulate", scenario_path.to_str().unwrap(), "--json", json.to_str().unwrap()]);
+    let r: lbbsp::sim::SimResult = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // bsp: 10 iterations of 0.064 s and 10 of 0.128 s, each with 1 ms after the compute.
+    let bsp = r.get(lbbsp::sim::SimPolicy::Bsp).unwrap().mean_iter_s;
+    assert!((bsp - (0.096 + 0.001)).abs() < 1e-9, "{bsp}");
+    let odd = dir.join("odd.jsonl");
+    let mut w = JsonlWriter::create(&odd).unwrap();
+    w.write(&IterRecord::timed(0, vec![2, 1], vec![0.1, 0.1])).unwrap();
+    w.flush().unwrap();
+    fails_with(&["simulate", "--calibrate", odd.to_str().unwrap()], None, &["odd.jsonl", "does not split evenly"]);
+}

@@ -11,8 +11,8 @@ use lbbsp::train::metrics::{read_records, IterRecord};
 /// and 2 share one). The global batch is large so that per-sample work dominates fixed
 /// per-iteration costs and iterations are long compared with the kernel's scheduling slice.
 /// Returns the records and the ranks' stderr.
-fn share_run(ranks: usize, attempt: &str) -> (Vec<IterRecord>, String) {
-    let dir = scratch(&format!("share{ranks}{attempt}"));
+fn share_run(ranks: usize) -> (Vec<IterRecord>, String) {
+    let dir = scratch(&format!("share{ranks}"));
     let m = dir.join("m.jsonl");
     let args = [
         "train",
@@ -52,90 +52,43 @@ fn deviation(records: &[IterRecord], share: &[f64]) -> Vec<f64> {
     records.iter().zip(share).map(|(r, &share)| (r.batch_sizes[1] as f64 - share).abs() / share).collect()
 }
 
-/// Runs `claim` on a share run, and once more on a second independent run if the first fails: this
-/// host's speed jumps by itself for a few iterations at a time (shared machine), which no balancer
-/// can foresee; a balancer that does not hold the claim fails both runs.
-fn holds_twice(ranks: usize, claim: fn(usize, &[IterRecord]) -> Result<(), String>) {
-    let (records, _) = share_run(ranks, "a");
-    let Err(why) = claim(ranks, &records) else { return };
-    eprintln!("first run failed the claim, repeating once:\n{why}");
-    let (records, stderr) = share_run(ranks, "b");
-    if let Err(why) = claim(ranks, &records) {
-        panic!("{why}\n{stderr}");
-    }
-}
-
-/// What CI asserts: after the slowdown, rank 1 sheds its excess work (its size by iteration 40 is
-/// below 0.8× its size before), holds its equal-time share in the median (over iterations 45–80,
-/// within 30%), and is never starved (from iteration 30 on, never below a quarter of its share).
-fn sheds_work_and_is_never_starved(ranks: usize, records: &[IterRecord]) -> Result<(), String> {
+/// The smoke test of a real run, one run and no retry: after the slowdown, rank 1 sheds its excess
+/// work (its size by iteration 40 is below 0.8× its size before), holds its equal-time share in
+/// the median (over iterations 45–80, within 30%), and is never starved (from iteration 30 on, never
+/// below half of its share for more than 5 iterations in a row). The tight claims (a band around
+/// the share, recovery in iterations) are the simulator's (`tests/sim_scenarios.rs`): on a shared
+/// host a real run's speed jumps by itself, which no balancer can foresee.
+fn sheds_work_and_is_never_starved(ranks: usize) {
+    let (records, stderr) = share_run(ranks);
     let sizes: Vec<usize> = records.iter().map(|r| r.batch_sizes[1]).collect();
-    let share = shares(records);
-    let dev = deviation(records, &share);
+    let share = shares(&records);
+    let dev = deviation(&records, &share);
     let mut late: Vec<f64> = dev[45..].to_vec();
     late.sort_by(f64::total_cmp);
     let median = late[late.len() / 2];
-    let starved: Vec<usize> = (30..records.len()).filter(|&t| (sizes[t] as f64) < 0.25 * share[t]).collect();
+    let mut run = 0;
+    let mut longest = 0;
+    for t in 30..records.len() {
+        run = if (sizes[t] as f64) < 0.5 * share[t] { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
     let moved = (sizes[40] as f64) < 0.8 * sizes[28] as f64;
-    if moved && median <= 0.30 && starved.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
+    assert!(
+        moved && median <= 0.30 && longest <= 5,
         "{ranks} ranks: moved by iteration 40: {moved}; median distance from the share over 45–80: {:.0}%; \
-         starved at {starved:?}\nsizes: {sizes:?}",
+         longest run below half the share: {longest}\nsizes: {sizes:?}\n{stderr}",
         100.0 * median
-    ))
-}
-
-/// The tight claim: rank 1's size is within 15% of its equal-time share from iteration 35 on (each
-/// iteration's deviation taken as the median over the 7 around it), after moving by iteration 34.
-/// On a shared 2-core host it fails both runs often, with the pre-tier code too (the balancer's
-/// reaction and settling are what the balancer issue redesigns and proves on the simulator); run it
-/// with `cargo test --release --test lbbsp -- --ignored`.
-fn stays_in_the_15_percent_band(ranks: usize, records: &[IterRecord]) -> Result<(), String> {
-    let sizes: Vec<usize> = records.iter().map(|r| r.batch_sizes[1]).collect();
-    if sizes[34] as f64 > 0.7 * sizes[28] as f64 {
-        return Err(format!("{ranks} ranks: sizes must move after the slowdown by iteration 34: {sizes:?}"));
-    }
-    let deviation = deviation(records, &shares(records));
-    let mut off = Vec::new();
-    for t in 35..records.len() {
-        // The 7 iterations around t, shifted inside 35.. at both ends (not cut to 4 there).
-        let lo = t.saturating_sub(3).clamp(35, records.len().saturating_sub(7).max(35));
-        let mut w = deviation[lo..(lo + 7).min(records.len())].to_vec();
-        w.sort_by(f64::total_cmp);
-        if w[w.len() / 2] > 0.15 {
-            off.push((t, sizes[t], (100.0 * deviation[t]).round()));
-        }
-    }
-    if off.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
-        "{ranks} ranks: rank 1's size left 15% of its equal-time share after iteration 35 (iteration, size, % off): {off:?}\nsizes: {sizes:?}"
-    ))
+    );
 }
 
 #[test]
 fn slowed_rank_sheds_work_and_is_never_starved_2_ranks() {
-    holds_twice(2, sheds_work_and_is_never_starved);
+    sheds_work_and_is_never_starved(2);
 }
 
 #[test]
 fn slowed_rank_sheds_work_and_is_never_starved_3_ranks() {
-    holds_twice(3, sheds_work_and_is_never_starved);
-}
-
-#[test]
-#[ignore = "timing-tight on shared hosts; the balancer issue's simulator scenarios replace it"]
-fn slowed_rank_reaches_its_share_2_ranks() {
-    holds_twice(2, stays_in_the_15_percent_band);
-}
-
-#[test]
-#[ignore = "timing-tight on shared hosts; the balancer issue's simulator scenarios replace it"]
-fn slowed_rank_reaches_its_share_3_ranks() {
-    holds_twice(3, stays_in_the_15_percent_band);
+    sheds_work_and_is_never_starved(3);
 }
 
 /// Re-splitting changes who computes which sample, never the global batch or the gradient.

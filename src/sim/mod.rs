@@ -10,6 +10,7 @@
 //! alone: it learns each change exactly, one iteration late). All policies run in lock step on the
 //! same cluster, so they see the same slowdowns and the same noise.
 
+pub mod calibrate;
 pub mod scenario;
 
 pub use scenario::{Cluster, Scenario};
@@ -121,18 +122,19 @@ pub fn simulate(
     let mut before: Vec<Line> = Vec::new();
     let mut changed = Vec::with_capacity(scenario.iterations);
     let mut noise = vec![1.0; n];
-    let mut obs = vec![Observation { batch: 0, compute_s: 0.0 }; n];
+    let mut obs = vec![Observation::new(0, 0.0); n];
+    let mut share = vec![1.0; n];
     for t in 0..scenario.iterations {
         cluster.step(t);
         for (i, l) in lines.iter_mut().enumerate() {
             let f = cluster.factor[i];
             *l = Line { alpha: f * alpha, beta: f * cluster.speeds[i] * beta };
             noise[i] = (1.0 + sigma * cluster.noise(i, t)).max(0.05);
+            share[i] = cluster.share(i);
         }
         changed.push(t > 0 && lines != before);
         let oracle = equalize(&lines, big_b, &bounds);
-        let cpu_share: Vec<f64> =
-            if record.is_some() { cluster.factor.iter().map(|f| 1.0 / f).collect() } else { Vec::new() };
+        let cpu_share: Vec<f64> = if record.is_some() { share.clone() } else { Vec::new() };
         for tr in &mut tracks {
             match tr.policy {
                 // bsp keeps the equal split it starts with.
@@ -145,7 +147,7 @@ pub fn simulate(
             }
             let slowest = tr.compute(&lines, &noise, &oracle);
             tr.times.push(slowest + comm_s);
-            tr.observe(&mut obs, (t + 1) % scenario.epoch_iters == 0);
+            tr.observe(&mut obs, &share, (t + 1) % scenario.epoch_iters == 0);
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + comm_s;
@@ -198,10 +200,10 @@ impl Track {
     }
 
     /// A balancing policy observes the iteration (and the end of an epoch).
-    fn observe(&mut self, obs: &mut [Observation], epoch_end: bool) {
+    fn observe(&mut self, obs: &mut [Observation], share: &[f64], epoch_end: bool) {
         if let Some(bal) = self.balancer.as_mut() {
-            for (o, (&b, &c)) in obs.iter_mut().zip(self.sizes.iter().zip(&self.compute)) {
-                *o = Observation { batch: b, compute_s: c };
+            for (i, o) in obs.iter_mut().enumerate() {
+                *o = Observation { batch: self.sizes[i], compute_s: self.compute[i], cpu_share: share[i] };
             }
             bal.observe(obs);
             if epoch_end {
@@ -349,12 +351,15 @@ bytes = 0.0
 
     #[test]
     fn alpha_beta_allreduce_costs() {
-        let c = |algorithm| Comm { algorithm, latency_s: 1e-6, bandwidth_bytes_per_s: 1e9, bytes: 4e6 };
+        let c = |algorithm| Comm { algorithm, latency_s: 1e-6, bandwidth_bytes_per_s: 1e9, bytes: 4e6, fixed_s: 0.0 };
         // Ring: 2(N−1) steps of bytes/N; tree: 2⌈log2 N⌉ steps of the whole buffer.
         assert!((c(CommAlgorithm::Ring).seconds(4) - 6.0 * (1e-6 + 1e-3)).abs() < 1e-15);
         assert!((c(CommAlgorithm::Tree).seconds(4) - 4.0 * (1e-6 + 4e-3)).abs() < 1e-15);
         assert!((c(CommAlgorithm::Tree).seconds(5) - 6.0 * (1e-6 + 4e-3)).abs() < 1e-15);
         assert_eq!(c(CommAlgorithm::Ring).seconds(1), 0.0);
+        // The fixed cost is paid on top, by one rank too.
+        let fixed = Comm { fixed_s: 2e-3, ..c(CommAlgorithm::Ring) };
+        assert!((fixed.seconds(4) - (6.0 * (1e-6 + 1e-3) + 2e-3)).abs() < 1e-15 && fixed.seconds(1) == 2e-3);
     }
 
     #[test]
@@ -384,18 +389,24 @@ bytes = 0.0
         assert!((on_iters as f64 / 4000.0 - 2.0 / 7.0).abs() < 0.05, "{on_iters}");
     }
 
-    /// A measured run drives the cluster: each rank's seconds per sample over its fastest, ranks
-    /// past the trace's world following rank `i mod world`, the trace repeating past its end.
+    /// A measured run drives the cluster: each rank's compute time over the run's uncontended line
+    /// at its size (here 10 ms + 1 ms per sample; rank 1's contended iterations, at a CPU share of
+    /// 0.5, stay out of the fit), ranks past the trace's world following rank `i mod world`, the
+    /// trace repeating past its end. The sizes change every iteration: a ratio of seconds per
+    /// sample would read the fixed cost as changes of speed (rank 0 would alternate 1 and 1.14).
     #[test]
     fn a_trace_replays_each_ranks_measured_slowdown() {
         let dir = std::env::temp_dir().join(format!("lbbsp-sim-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("run.jsonl");
         let mut w = crate::train::metrics::JsonlWriter::create(&path).unwrap();
+        let line = |b: usize| 0.010 + 0.001 * b as f64;
         for t in 0..10 {
-            // Rank 1 takes twice as long per sample from iteration 5 on (with another batch size).
-            let slow = if t >= 5 { 2.0 } else { 1.0 };
-            w.write(&IterRecord::timed(t, vec![64, 32], vec![0.064, 0.032 * slow])).unwrap();
+            // Rank 1 shares its core, twice as slow, from iteration 5 on.
+            let (b0, slow) = (if t % 2 == 0 { 64 } else { 32 }, if t >= 5 { 2.0 } else { 1.0 });
+            let mut r = IterRecord::timed(t, vec![b0, 96 - b0], vec![line(b0), slow * line(96 - b0)]);
+            r.cpu_share = vec![1.0, 1.0 / slow];
+            w.write(&r).unwrap();
         }
         w.flush().unwrap();
         let text = format!("[[interference]]\nkind = \"trace\"\npath = {:?}\n", path.display().to_string());
@@ -403,7 +414,10 @@ bytes = 0.0
         for t in 0..15 {
             c.step(t);
             let f1 = if t % 10 >= 5 { 2.0 } else { 1.0 };
-            assert_eq!(c.factor, [1.0, f1, 1.0, f1], "iteration {t}");
+            let want = [1.0, f1, 1.0, f1];
+            assert!(c.factor.iter().zip(want).all(|(f, w)| (f - w).abs() < 1e-9), "iteration {t}: {:?}", c.factor);
+            // The ranks report the recorded CPU shares, as the trainer's balancer saw them.
+            assert!((0..4).all(|i| (c.share(i) - 1.0 / want[i]).abs() < 1e-12), "iteration {t}");
         }
         let missing = two_ranks("[[interference]]\nkind = \"trace\"\npath = \"/nonexistent/run.jsonl\"\n");
         let e = Cluster::new(&missing, 2).err().expect("a missing trace is an error").to_string();

@@ -3,8 +3,9 @@
 //!
 //! Rank `i` computes a batch of `b` samples at iteration `t` in
 //! `f_i(t) · (α + s_i·β·b) · (1 + σ·ε_i(t))` seconds: `s_i` is its static speed (a draw from
-//! `[compute].speeds`), `f_i(t) ≥ 1` the product of the slowdowns of the interference processes
-//! acting on it then, `ε_i(t)` a standard normal draw. Contention stretches fixed and per-sample
+//! `[compute].speeds`), `f_i(t)` the product of the slowdowns of the interference processes
+//! acting on it then (≥ 1, but for a trace's: against its run's average uncontended line, see
+//! [`calibrate`](super::calibrate)), `ε_i(t)` a standard normal draw. Contention stretches fixed and per-sample
 //! costs alike, so `f` multiplies both. Every draw is keyed by (seed, process, rank, iteration),
 //! so every policy of a run sees the same cluster.
 
@@ -71,7 +72,8 @@ pub enum Speeds {
     TwoClass { fraction: f64, factor: f64 },
 }
 
-/// `[comm]`: the α-β cost of the gradient allreduce, added to every iteration.
+/// `[comm]`: what every iteration pays after its slowest rank's compute: the α-β cost of the
+/// gradient allreduce, plus `fixed_s`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Comm {
@@ -82,11 +84,21 @@ pub struct Comm {
     pub bandwidth_bytes_per_s: f64,
     /// The gradient's bytes.
     pub bytes: f64,
+    /// Seconds every iteration pays besides the allreduce, whatever the ranks and sizes (the
+    /// optimizer step, the balancer, bookkeeping). A calibrated replay (`lbbsp simulate
+    /// --calibrate`) puts all it measured after the slowest rank's compute here.
+    pub fixed_s: f64,
 }
 
 impl Default for Comm {
     fn default() -> Self {
-        Comm { algorithm: CommAlgorithm::Ring, latency_s: 5e-6, bandwidth_bytes_per_s: 1e10, bytes: 2.1e6 }
+        Comm {
+            algorithm: CommAlgorithm::Ring,
+            latency_s: 5e-6,
+            bandwidth_bytes_per_s: 1e10,
+            bytes: 2.1e6,
+            fixed_s: 0.0,
+        }
     }
 }
 
@@ -100,8 +112,14 @@ pub enum CommAlgorithm {
 }
 
 impl Comm {
-    /// Seconds of one allreduce over `n` ranks.
+    /// Seconds an iteration pays after its slowest rank's compute on `n` ranks: one allreduce
+    /// (none on one rank) and `fixed_s`.
     pub fn seconds(&self, n: usize) -> f64 {
+        self.allreduce_s(n) + self.fixed_s
+    }
+
+    /// Seconds of one allreduce over `n` ranks.
+    pub fn allreduce_s(&self, n: usize) -> f64 {
         if n <= 1 {
             return 0.0;
         }
@@ -127,6 +145,10 @@ pub struct Targets {
     pub fraction: Option<f64>,
     pub count: Option<usize>,
     pub ranks: Vec<usize>,
+    /// Whether the process shows in the CPU share its ranks report (the interference signal):
+    /// unset, a co-located job does (steady, square, markov) and slow hardware does not
+    /// (fail-slow: a throttled or failing part takes no CPU time from the rank).
+    pub signal: Option<bool>,
 }
 
 impl Targets {
@@ -190,7 +212,9 @@ pub enum Interference {
     },
     /// A measured run: the per-iteration JSONL of `lbbsp train --metrics`. Rank `i` of the
     /// scenario follows rank `i mod world` of the trace, its slowdown at iteration `t` being its
-    /// seconds per sample then over its fastest (the trace repeats past its end).
+    /// compute time then over the run's uncontended line at its batch size (one line for all
+    /// ranks, [`calibrate::trace_line`](super::calibrate::trace_line)) and its CPU share the one
+    /// the rank reported; the trace repeats past its end.
     Trace { path: PathBuf },
 }
 
@@ -200,15 +224,40 @@ pub struct Cluster {
     /// Static speed of every rank (β multiplier).
     pub speeds: Vec<f64>,
     processes: Vec<Process>,
+    /// Whether each process shows in the CPU share.
+    visible: Vec<bool>,
     /// `f_i` of the current iteration.
     pub factor: Vec<f64>,
+    /// The part of `f_i` the ranks' CPU shares do not show.
+    hidden: Vec<f64>,
 }
 
 enum Process {
-    Window { ranks: Vec<usize>, factor: f64, active: Box<dyn Fn(usize) -> bool> },
-    Markov { ranks: Vec<usize>, factor: f64, p_on: f64, p_off: f64, on: Vec<bool> },
-    FailSlow { ranks: Vec<usize>, rate: f64, mean: f64, low: f64, high: f64, left: Vec<(usize, f64)> },
-    Trace { factors: Vec<Vec<f64>> },
+    Window {
+        ranks: Vec<usize>,
+        factor: f64,
+        active: Box<dyn Fn(usize) -> bool>,
+    },
+    Markov {
+        ranks: Vec<usize>,
+        factor: f64,
+        p_on: f64,
+        p_off: f64,
+        on: Vec<bool>,
+    },
+    FailSlow {
+        ranks: Vec<usize>,
+        rate: f64,
+        mean: f64,
+        low: f64,
+        high: f64,
+        left: Vec<(usize, f64)>,
+    },
+    /// Per rank and iteration: the recorded slowdown, and the CPU share the rank reported.
+    Trace {
+        factors: Vec<Vec<f64>>,
+        shares: Vec<Vec<f64>>,
+    },
 }
 
 impl Scenario {
@@ -244,6 +293,9 @@ impl Scenario {
         }
         if !(s.compute.alpha_s >= 0.0 && s.compute.noise >= 0.0 && s.compute.noise < 0.5) {
             return Err(err("`compute.alpha_s` must be ≥ 0 and `compute.noise` in [0, 0.5)".into()));
+        }
+        if !(s.comm.fixed_s >= 0.0 && s.comm.fixed_s.is_finite()) {
+            return Err(err(format!("`comm.fixed_s` must be a finite number of seconds ≥ 0, got {}", s.comm.fixed_s)));
         }
         for (k, p) in s.interference.iter().enumerate() {
             p.validate().map_err(|m| err(format!("`interference[{k}]`: {m}")))?;
@@ -284,31 +336,32 @@ impl Interference {
     }
 }
 
-/// Per-rank slowdowns of a measured run: seconds per sample over the rank's fastest, by iteration.
-fn trace_factors(path: &Path) -> Result<Vec<Vec<f64>>> {
+/// Values by rank, then by iteration.
+type PerRank = Vec<Vec<f64>>;
+
+/// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over the run's
+/// uncontended line at its batch size (1 where it timed nothing). Against one line, not a ratio
+/// of seconds per sample: with a fixed cost a rank's time per sample falls as its batch grows,
+/// which is no change of speed. Second, the CPU share each rank reported (in (0, 1]).
+fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
     let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
     let world = records.first().map_or(0, |r| r.batch_sizes.len());
     if world == 0 {
         return Err(Error::data(path, "holds no iterations: record one with `lbbsp train --metrics FILE`"));
     }
-    let per_sample: Vec<Vec<f64>> = (0..world)
-        .map(|k| {
-            records
-                .iter()
-                .map(|r| {
-                    r.compute_s.get(k).copied().unwrap_or(0.0)
-                        / r.batch_sizes.get(k).copied().unwrap_or(1).max(1) as f64
-                })
-                .collect()
-        })
-        .collect();
-    Ok(per_sample
-        .into_iter()
-        .map(|s| {
-            let best = s.iter().copied().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
-            s.iter().map(|v| if *v > 0.0 && best.is_finite() { v / best } else { 1.0 }).collect()
-        })
-        .collect())
+    let line = super::calibrate::trace_line(&records);
+    let factor = |r: &IterRecord, k: usize| match (r.batch_sizes.get(k), r.compute_s.get(k)) {
+        (Some(&b), Some(&c)) if b > 0 && c > 0.0 => c / line.at(b),
+        _ => 1.0,
+    };
+    let share = |r: &IterRecord, k: usize| match r.cpu_share.get(k) {
+        Some(&s) if s > 0.0 && s.is_finite() => s.min(1.0),
+        _ => 1.0,
+    };
+    let per_rank = |f: &dyn Fn(&IterRecord, usize) -> f64| -> PerRank {
+        (0..world).map(|k| records.iter().map(|r| f(r, k)).collect()).collect()
+    };
+    Ok((per_rank(&factor), per_rank(&share)))
 }
 
 impl Cluster {
@@ -330,7 +383,15 @@ impl Cluster {
             })
             .collect();
         let mut processes = Vec::new();
+        let mut visible = Vec::new();
         for p in &scenario.interference {
+            visible.push(match p {
+                Interference::Steady { on, .. } | Interference::Square { on, .. } | Interference::Markov { on, .. } => {
+                    on.signal.unwrap_or(true)
+                }
+                Interference::FailSlow { on, .. } => on.signal.unwrap_or(false),
+                Interference::Trace { .. } => false,
+            });
             processes.push(match p {
                 Interference::Steady { on, factor, from, until } => {
                     let (from, until) = (*from, until.unwrap_or(usize::MAX));
@@ -365,21 +426,34 @@ impl Cluster {
                         left: vec![(0, 1.0); k],
                     }
                 }
-                Interference::Trace { path } => Process::Trace { factors: trace_factors(path)? },
+                Interference::Trace { path } => {
+                    let (factors, shares) = trace_factors(path)?;
+                    Process::Trace { factors, shares }
+                }
             });
         }
-        Ok(Cluster { seed, speeds, processes, factor: vec![1.0; n] })
+        Ok(Cluster { seed, speeds, processes, visible, factor: vec![1.0; n], hidden: vec![1.0; n] })
     }
 
     /// Advances every process to iteration `t` and sets [`Cluster::factor`].
     pub fn step(&mut self, t: usize) {
         self.factor.iter_mut().for_each(|f| *f = 1.0);
+        self.hidden.iter_mut().for_each(|f| *f = 1.0);
+        let n = self.factor.len();
+        let (factors, hidden) = (&mut self.factor, &mut self.hidden);
         for (k, p) in self.processes.iter_mut().enumerate() {
             let key = |r: usize| Rng::from_keys(&[self.seed, k as u64, r as u64, t as u64]);
+            let visible = self.visible[k];
+            let mut slow = |r: usize, f: f64| {
+                factors[r] *= f;
+                if !visible {
+                    hidden[r] *= f;
+                }
+            };
             match p {
                 Process::Window { ranks, factor, active } => {
                     if active(t) {
-                        ranks.iter().for_each(|&r| self.factor[r] *= *factor);
+                        ranks.iter().for_each(|&r| slow(r, *factor));
                     }
                 }
                 Process::Markov { ranks, factor, p_on, p_off, on } => {
@@ -387,7 +461,7 @@ impl Cluster {
                         let u = key(r).next_f64();
                         on[j] = if on[j] { u >= *p_off } else { u < *p_on };
                         if on[j] {
-                            self.factor[r] *= *factor;
+                            slow(r, *factor);
                         }
                     }
                 }
@@ -402,18 +476,27 @@ impl Cluster {
                         }
                         if left[j].0 > 0 {
                             left[j].0 -= 1;
-                            self.factor[r] *= left[j].1;
+                            slow(r, left[j].1);
                         }
                     }
                 }
-                Process::Trace { factors } => {
-                    for (r, f) in self.factor.iter_mut().enumerate() {
-                        let series = &factors[r % factors.len()];
-                        *f *= series[t % series.len()];
+                // A recorded run shows the CPU share its ranks reported, as the trainer's balancer saw it.
+                Process::Trace { factors: series, shares } => {
+                    for r in 0..n {
+                        let (f, s) = (&series[r % series.len()], &shares[r % shares.len()]);
+                        let (f, s) = (f[t % f.len()], s[t % s.len()]);
+                        factors[r] *= f;
+                        hidden[r] *= f * s;
                     }
                 }
             }
         }
+    }
+
+    /// The CPU share rank `i` reports for the current iteration: what the visible processes leave
+    /// it (a co-located job that makes it `f` times slower leaves it `1/f` of its core).
+    pub fn share(&self, i: usize) -> f64 {
+        self.hidden[i] / self.factor[i]
     }
 
     /// The noise draw `ε_i(t)` (standard normal) of rank `i` at iteration `t`.
@@ -424,8 +507,7 @@ impl Cluster {
 
 /// The scenarios shipped in `scenarios/`, embedded so that `lbbsp simulate steady-hog` works from
 /// any folder.
-pub const SHIPPED: &[(&str, &str)] =
-    shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "fail-slow", "spikes");
+pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes");
 
 /// A scenario file, or the name of a shipped one.
 pub fn resolve(name_or_path: &str) -> Result<Scenario> {

@@ -150,6 +150,7 @@ impl<'a> Run<'a> {
 
         // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, so that the sum over
         // ranks is the mean over the global batch whatever the split.
+        self.sampler.mark();
         let t0 = Instant::now();
         let (x, y, ids) = self.model.input_mut(slice.len());
         self.data.train.gather_into(slice, x, y);
@@ -170,7 +171,13 @@ impl<'a> Run<'a> {
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
-        self.obs.extend(self.sync.stats.iter().map(|s| Observation { batch: s.batch, compute_s: s.compute_s }));
+        // The CPU share is per core the rank's threads may use.
+        let threads = self.recipe.runtime.threads.unwrap_or_else(rayon::current_num_threads).max(1) as f64;
+        self.obs.extend(self.sync.stats.iter().map(|s| Observation {
+            batch: s.batch,
+            compute_s: s.compute_s,
+            cpu_share: s.cpu_share / threads,
+        }));
         self.balancer.observe(&self.obs);
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes, took))
     }

@@ -175,6 +175,21 @@ pub fn resolve(name_or_path: &str, overrides: &[String]) -> Result<Recipe> {
 }
 
 /// Sets `a.b.c = value` in a TOML table, creating intermediate tables.
+/// The default `[balance]` section with `balance.KEY=VALUE` overrides applied (how `lbbsp simulate
+/// --set` tries a setting on the suite).
+pub fn balance_with(overrides: &[String]) -> Result<crate::balance::BalanceConfig> {
+    let mut table = toml::Table::new();
+    table.insert("balance".into(), toml::Value::Table(toml::Table::new()));
+    for o in overrides {
+        if !o.trim_start().starts_with("balance.") {
+            return Err(Error::config("--set", format!("{o}: only balance.* settings act on the simulator")));
+        }
+        set_dotted(&mut table, o).map_err(|m| Error::config("--set", format!("{o}: {m}")))?;
+    }
+    let section = table.remove("balance").expect("inserted above");
+    section.try_into().map_err(|e: toml::de::Error| Error::config("balance", format!("after --set: {e}")))
+}
+
 fn set_dotted(table: &mut toml::Table, assignment: &str) -> std::result::Result<(), String> {
     let (key, raw) = assignment.split_once('=').ok_or("expected KEY=VALUE")?;
     let parts: Vec<&str> = key.trim().split('.').collect();

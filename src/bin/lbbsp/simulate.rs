@@ -12,7 +12,7 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct SimulateArgs {
     /// Scenario file, or the name of a shipped one in scenarios/ (quiet, heterogeneous,
-    /// steady-hog, square-wave, bursty, fail-slow, spikes).
+    /// steady-hog, square-wave, bursty, co-located, fail-slow, spikes).
     scenario: Option<String>,
     /// Ranks [default: the scenario's].
     #[arg(long)]
@@ -32,10 +32,22 @@ pub struct SimulateArgs {
     /// Write each policy's per-iteration records into DIR/<policy>.jsonl (for `lbbsp plot`).
     #[arg(long, value_name = "DIR")]
     metrics: Option<PathBuf>,
+    /// Override a balancer setting, `balance.KEY=VALUE` (repeatable), e.g. `balance.signal=false`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Print a scenario that replays a recorded run (`lbbsp train --metrics FILE`): its ranks,
+    /// iterations and global batch, the compute line of its uncontended iterations, the seconds
+    /// it spent after each iteration's slowest compute, and the run as a trace interference.
+    #[arg(long, value_name = "RUN.jsonl", conflicts_with_all = ["scenario", "suite"])]
+    calibrate: Option<PathBuf>,
 }
 
 pub fn run(args: &SimulateArgs) -> Result<()> {
-    let cfg = BalanceConfig::default();
+    if let Some(run) = &args.calibrate {
+        print!("{}", lbbsp::sim::calibrate::calibrate(run)?.scenario_toml());
+        return Ok(());
+    }
+    let cfg: BalanceConfig = lbbsp::train::recipe::balance_with(&args.set)?;
     if args.suite {
         return suite(args, &cfg);
     }
