@@ -14,10 +14,8 @@
 //!   observation is learned with its deviation clipped, past it the rank's speed changed and its
 //!   history is rescaled by the excursion's mean deviation (contention stretches fixed and
 //!   per-sample costs alike). A large deviation (`jump`) passes the threshold at once;
-//! - **bounded fixed cost**: a fit's α is at most half of the time at the recent sizes, so noise
-//!   cannot make a line flat (which starves the other ranks);
-//! - **shape doubt**: a change detected together with a change of size may be of the line's shape,
-//!   so the slope's history then keeps only part of its weight;
+//! - **shape at a new size**: in an iteration whose size moved, a deviation within `detect` is the
+//!   line's shape, learned whole and kept from the detector;
 //! - **the pooled shape**: from 16 ranks on, the ranks share the median fixed-cost share `α/β`.
 //!
 //! Given the fits, [`equalize`] chooses integer sizes with `Σ b_i = B` and `lo_i ≤ b_i ≤ hi_i` that
@@ -223,30 +221,12 @@ impl Sums {
         self.bb += w * b * b;
         self.bt += w * b * t;
     }
-    fn scale(&mut self, f: f64) {
-        for s in [&mut self.w, &mut self.b, &mut self.t, &mut self.bb, &mut self.bt] {
-            *s *= f;
-        }
-    }
-
     /// Least-squares slope, if the sizes varied enough to tell one.
     fn slope(&self) -> Option<f64> {
         let var = self.w * self.bb - self.b * self.b;
         (var > 1e-9 * self.w * self.bb).then(|| (self.w * self.bt - self.b * self.t) / var)
     }
 }
-
-/// The largest part of a rank's time at its recent sizes that its fitted fixed cost may be. The
-/// slope comes from a long history whose times were rescaled at every change of speed, and noise
-/// can leave it near zero: a line that barely grows with the batch would be handed the whole
-/// batch, starving the others (`tests/balance_props.rs`, the starvation seen in CI). A training
-/// step's time is mostly per-sample work; bounded here, a wrong fit errs toward the proportional
-/// split, which never starves anyone.
-const MAX_FIXED: f64 = 0.5;
-
-/// The weight the slope's history keeps after a change of speed detected together with a change
-/// of size ([`RankFit::observe_with`]).
-const SHAPE_DOUBT: f64 = 0.25;
 
 /// One side (`sign` +1: slower, −1: faster) of a two-sided CUSUM of the log-deviations `x =
 /// ln(t / predicted)`: `g` accumulates `sign·x − k` while it stays positive. The reference is the
@@ -325,8 +305,8 @@ impl RankFit {
     fn own_line(&self) -> Option<Line> {
         let (b_mean, t_mean) = self.level()?;
         let beta = self.slow.slope().filter(|b| *b > 0.0 && b.is_finite())?;
-        let alpha = (t_mean - beta * b_mean).min(MAX_FIXED * t_mean);
-        (alpha >= 0.0).then_some(Line { alpha, beta: (t_mean - alpha) / b_mean })
+        let alpha = t_mean - beta * b_mean;
+        (alpha >= 0.0).then_some(Line { alpha, beta })
     }
 
     /// The rank's own fixed cost in samples' worth, `α/β`, once its slope is known.
@@ -360,16 +340,18 @@ impl RankFit {
     /// line predicted with the shared shape `rho` (see [`RankFit::line_with`]).
     ///
     /// The time is first put on the rank's own CPU clock, `u = t·share`: what co-located jobs take
-    /// is then no surprise, and the next prediction divides by the share reported last. Then the
-    /// log-deviation `x = ln(u / predicted)` feeds a two-sided CUSUM with reference `k =
-    /// ln(1 + detect)/2` and threshold `h = ln(1 + jump) − k`:
-    /// - below the threshold, the level learns the observation with its deviation clipped to
-    ///   `±detect/2`, so noise and one-off spikes move it little (before the slope is known, nothing
-    ///   predicts the shape, and it is learned whole); the slope's sums take it whole;
-    /// - past it, the rank's speed changed: its history is rescaled by the mean deviation of the
-    ///   excursion (which scales α and β alike: contention stretches both), all but the
-    ///   excursion's own observations, and learning goes on from the new speed. A deviation of `1 + jump` alarms at once, a change of `1 + detect` within a few
-    ///   iterations (`h/(x − k)`), and noise that changes sign restarts the sum.
+    /// is then no surprise, and the next prediction divides by the share reported last. Then, with
+    /// `x = ln(u / predicted)`:
+    /// - in an iteration whose size moved by more than 10%, an `x` within `ln(1 + detect)` is the
+    ///   line's shape showing: learned whole, and kept from the change detector;
+    /// - otherwise `x` feeds a two-sided CUSUM with reference `k = ln(1 + detect)/2` and threshold
+    ///   `h = ln(1 + jump) − k`. Below the threshold, the observation is learned with its deviation
+    ///   clipped to `±detect/2`, so noise and one-off spikes move the fit little (before the slope
+    ///   is known, nothing predicts the shape, and it is learned whole). Past it, the rank's speed
+    ///   changed: the history is rescaled by the excursion's mean deviation (which scales α and β
+    ///   alike: contention stretches both) and learning goes on from the new speed. A deviation of
+    ///   `1 + jump` alarms at once, a change of `1 + detect` within a few iterations (`h/(x − k)`),
+    ///   and noise that changes sign restarts the sums.
     pub fn observe_with(&mut self, b: usize, t: f64, share: f64, cfg: &BalanceConfig, rho: Option<f64>) {
         if b == 0 || !(t.is_finite() && t > 0.0) {
             return;
@@ -386,22 +368,22 @@ impl RankFit {
         let x = (u / predicted).ln();
         let k = 0.5 * cfg.detect.ln_1p();
         let h = cfg.jump.ln_1p() - k;
-        self.up.add(1.0, x, k);
-        self.down.add(-1.0, x, k);
         let moved = (b - self.last_b).abs() > 0.1 * self.last_b;
         self.last_b = b;
+        if moved && x.abs() <= cfg.detect.ln_1p() {
+            // At a new size, a surprise within the smallest change of speed worth detecting is
+            // the line's shape showing: learned whole, and no evidence of a change of speed.
+            self.fast.add(cfg.forgetting, b, u, 1.0);
+            self.slow.add(cfg.slope_forgetting, b, u, 1.0);
+            return;
+        }
+        self.up.add(1.0, x, k);
+        self.down.add(-1.0, x, k);
         if let Some(side) = [self.up, self.down].into_iter().find(|c| c.g > h) {
             let r = side.change();
             for s in [&mut self.fast, &mut self.slow] {
                 s.t *= r;
                 s.bt *= r;
-            }
-            if moved {
-                // Seen together with a change of size, the change may as well be of the line's
-                // shape (a fixed cost that did not grow with the rest): the slope's history,
-                // rescaled as a change of speed, keeps a quarter of its weight, so the sizes that
-                // follow re-learn the shape.
-                self.slow.scale(SHAPE_DOUBT);
             }
             (self.up, self.down) = (Cusum::default(), Cusum::default());
             self.fast.add(cfg.forgetting, b, u, 1.0);

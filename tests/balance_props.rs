@@ -151,9 +151,9 @@ proptest! {
     /// times noisy by ±30%, with 2× spikes on one iteration in ten; a fixed cost up to 5 ms; with
     /// or without the interference signal. As on the simulator's scoreboard, no rank's batch may
     /// stay below half of its equal-time share of that iteration (by its true speed then) for
-    /// more than 5 iterations in a row. Without the bound on a fit's fixed cost
-    /// (`balance::MAX_FIXED`) the cases pinned in balance_props.proptest-regressions fail: noise
-    /// leaves a rank's line flat, and the other rank falls to 34 of its share of 627.
+    /// more than 5 iterations in a row. The previous balancer (held outliers and confirmation)
+    /// failed the cases pinned in balance_props.proptest-regressions: noise left the fast rank's
+    /// line flat, and the slowed rank fell to 34 of its share of 627.
     #[test]
     fn a_slowed_rank_among_noisy_ones_is_never_starved(seed in any::<u64>(), signal in any::<bool>(), alpha_ms in 0.0f64..5.0) {
         let b_total = 2048;
