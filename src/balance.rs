@@ -331,6 +331,12 @@ impl RankFit {
         self.line_with(rho).map(|l| Line { alpha: l.alpha / s, beta: l.beta / s })
     }
 
+    /// Adds `(b, u)` to the level's and the slope's sums, each with its forgetting.
+    fn learn(&mut self, cfg: &BalanceConfig, b: f64, u: f64) {
+        self.fast.add(cfg.forgetting, b, u, 1.0);
+        self.slow.add(cfg.slope_forgetting, b, u, 1.0);
+    }
+
     /// Feeds one observation of `t` seconds at `b` samples, the rank having had all of its CPU.
     pub fn observe(&mut self, b: usize, t: f64, cfg: &BalanceConfig) {
         self.observe_with(b, t, 1.0, cfg, None)
@@ -358,23 +364,20 @@ impl RankFit {
         }
         self.share = if share.is_finite() { share.clamp(MIN_SHARE, 1.0) } else { 1.0 };
         let (b, u) = (b as f64, t * self.share);
+        let moved = (b - self.last_b).abs() > 0.1 * self.last_b;
+        self.last_b = b;
         let Some(line) = self.line_with(rho) else {
-            self.last_b = b;
-            self.fast.add(cfg.forgetting, b, u, 1.0);
-            self.slow.add(cfg.slope_forgetting, b, u, 1.0);
+            self.learn(cfg, b, u);
             return;
         };
         let predicted = line.at_f(b).max(1e-12);
         let x = (u / predicted).ln();
         let k = 0.5 * cfg.detect.ln_1p();
         let h = cfg.jump.ln_1p() - k;
-        let moved = (b - self.last_b).abs() > 0.1 * self.last_b;
-        self.last_b = b;
         if moved && x.abs() <= cfg.detect.ln_1p() {
             // At a new size, a surprise within the smallest change of speed worth detecting is
             // the line's shape showing: learned whole, and no evidence of a change of speed.
-            self.fast.add(cfg.forgetting, b, u, 1.0);
-            self.slow.add(cfg.slope_forgetting, b, u, 1.0);
+            self.learn(cfg, b, u);
             return;
         }
         self.up.add(1.0, x, k);
@@ -386,8 +389,7 @@ impl RankFit {
                 s.bt *= r;
             }
             (self.up, self.down) = (Cusum::default(), Cusum::default());
-            self.fast.add(cfg.forgetting, b, u, 1.0);
-            self.slow.add(cfg.slope_forgetting, b, u, 1.0);
+            self.learn(cfg, b, u);
             return;
         }
         let learned = if self.slow.slope().is_none() {
@@ -397,8 +399,7 @@ impl RankFit {
             let c = 0.5 * cfg.detect;
             predicted * (1.0 + (u / predicted - 1.0).clamp(-c, c))
         };
-        self.fast.add(cfg.forgetting, b, learned, 1.0);
-        self.slow.add(cfg.slope_forgetting, b, learned, 1.0);
+        self.learn(cfg, b, learned);
         if self.up.open() || self.down.open() {
             if let Some(now) = self.line_with(rho) {
                 let d = (now.at_f(b).max(1e-12) / predicted).ln();

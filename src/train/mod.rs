@@ -172,7 +172,7 @@ impl<'a> Run<'a> {
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
         // The CPU share is per core the rank's threads may use.
-        let threads = self.recipe.runtime.threads.unwrap_or_else(rayon::current_num_threads).max(1) as f64;
+        let threads = self.threads_per_rank().max(1) as f64;
         self.obs.extend(self.sync.stats.iter().map(|s| Observation {
             batch: s.batch,
             compute_s: s.compute_s,
@@ -180,6 +180,11 @@ impl<'a> Run<'a> {
         }));
         self.balancer.observe(&self.obs);
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes, took))
+    }
+
+    /// Rayon threads of this rank: the recipe's, else the pool's.
+    fn threads_per_rank(&self) -> usize {
+        self.recipe.runtime.threads.unwrap_or_else(rayon::current_num_threads)
     }
 
     /// **The distributed step**: the weighted gradient allreduce, cut in its two halves around the
@@ -325,7 +330,7 @@ fn summary(run: &mut Run, records: &[IterRecord], (started, train_s): (Instant, 
         policy: run.recipe.balance.policy,
         isa: crate::kernels::isa::Isa::active(),
         world_size: run.comm.world_size(),
-        threads_per_rank: run.recipe.runtime.threads.unwrap_or_else(rayon::current_num_threads),
+        threads_per_rank: run.threads_per_rank(),
         iterations: run.progress.step,
         epochs: epochs_run,
         test_accuracy: last.accuracy,
