@@ -285,6 +285,25 @@ pub struct RankFit {
     share: f64,
     /// Size of the previous observation.
     last_b: f64,
+    /// Observations the current excursion has lasted beyond its onset.
+    age: u32,
+    /// How far the detector's alarms have lifted the rank above its base speed, `ln(level/base)`
+    /// (0 at its base): an excursion the risk model ([`Risk`]) asks the fate of.
+    lift: f64,
+}
+
+/// What one observation told about a rank's excursion from its base speed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Excursion {
+    /// At its base speed before and after.
+    None,
+    /// An alarm, or a fall of its CPU share, lifted a rank at its base speed by this log-factor.
+    Onset(f64),
+    /// A rank lifted before is still lifted, by `lift`; `old` if it already was the iteration
+    /// before (its onset is not the last observation).
+    Stayed { lift: f64, old: bool },
+    /// A rank lifted before is back at its base speed.
+    Ended { old: bool },
 }
 
 impl RankFit {
@@ -339,7 +358,39 @@ impl RankFit {
 
     /// Feeds one observation of `t` seconds at `b` samples, the rank having had all of its CPU.
     pub fn observe(&mut self, b: usize, t: f64, cfg: &BalanceConfig) {
-        self.observe_with(b, t, 1.0, cfg, None)
+        self.observe_with(b, t, 1.0, cfg, None);
+    }
+
+    /// How much slower than its base speed the rank's next iteration is predicted, as a log
+    /// factor: the lift of the detector's alarms, and the CPU share co-located jobs left it.
+    pub fn excess(&self) -> f64 {
+        let s = if self.share > 0.0 { self.share } else { 1.0 };
+        self.lift - s.ln()
+    }
+
+    /// Whether the rank is on an excursion: predicted slower than its base by more than the
+    /// smallest change the detector looks for.
+    fn lifted(&self, cfg: &BalanceConfig) -> bool {
+        self.excess() > cfg.detect.ln_1p()
+    }
+
+    /// Whether the rank is on an excursion that has lasted beyond its onset.
+    fn lifted_long(&self, cfg: &BalanceConfig) -> bool {
+        self.lifted(cfg) && self.age > 0
+    }
+
+    /// The excursion an observation leaves, given whether the rank was lifted before it (and for
+    /// how long), and counts its age.
+    fn excursion(&mut self, was: bool, cfg: &BalanceConfig) -> Excursion {
+        let old = self.age > 0;
+        let e = match (was, self.lifted(cfg)) {
+            (false, false) => Excursion::None,
+            (false, true) => Excursion::Onset(self.excess()),
+            (true, true) => Excursion::Stayed { lift: self.excess(), old },
+            (true, false) => Excursion::Ended { old },
+        };
+        self.age = if matches!(e, Excursion::Stayed { .. }) { self.age + 1 } else { 0 };
+        e
     }
 
     /// Feeds one observation: `t` seconds at `b` samples with a CPU share `share` ∈ (0, 1], the
@@ -358,9 +409,12 @@ impl RankFit {
     ///   alike: contention stretches both) and learning goes on from the new speed. A deviation of
     ///   `1 + jump` alarms at once, a change of `1 + detect` within a few iterations (`h/(x − k)`),
     ///   and noise that changes sign restarts the sums.
-    pub fn observe_with(&mut self, b: usize, t: f64, share: f64, cfg: &BalanceConfig, rho: Option<f64>) {
+    ///
+    /// Alarms also move the rank's lift above its base speed; what that did is returned.
+    pub fn observe_with(&mut self, b: usize, t: f64, share: f64, cfg: &BalanceConfig, rho: Option<f64>) -> Excursion {
+        let was = self.lifted(cfg);
         if b == 0 || !(t.is_finite() && t > 0.0) {
-            return;
+            return self.excursion(was, cfg);
         }
         self.share = if share.is_finite() { share.clamp(MIN_SHARE, 1.0) } else { 1.0 };
         let (b, u) = (b as f64, t * self.share);
@@ -368,18 +422,38 @@ impl RankFit {
         self.last_b = b;
         let Some(line) = self.line_with(rho) else {
             self.learn(cfg, b, u);
-            return;
+            return self.excursion(was, cfg);
         };
         let predicted = line.at_f(b).max(1e-12);
         let x = (u / predicted).ln();
         let k = 0.5 * cfg.detect.ln_1p();
-        let h = cfg.jump.ln_1p() - k;
-        if moved && x.abs() <= cfg.detect.ln_1p() {
+        let alarm = if moved && x.abs() <= cfg.detect.ln_1p() {
             // At a new size, a surprise within the smallest change of speed worth detecting is
             // the line's shape showing: learned whole, and no evidence of a change of speed.
             self.learn(cfg, b, u);
-            return;
+            false
+        } else {
+            self.detect(cfg, b, u, predicted, x, rho)
+        };
+        // The lift follows the level while the rank is lifted, so an excursion that fades without
+        // an alarm ends too; at its base, only an alarm lifts it.
+        if alarm || self.lift > 0.0 {
+            if let Some(now) = self.line_with(rho) {
+                self.lift = (self.lift + (now.at_f(b).max(1e-12) / predicted).ln()).max(0.0);
+            }
+            // Back within the detector's reference of the base speed is back at it.
+            if self.lift <= k {
+                self.lift = 0.0;
+            }
         }
+        self.excursion(was, cfg)
+    }
+
+    /// The change detector's part of [`RankFit::observe_with`]: feeds `x` to the CUSUM and learns
+    /// `(b, u)`, rescaled on an alarm or clipped below it. Returns whether it alarmed.
+    fn detect(&mut self, cfg: &BalanceConfig, b: f64, u: f64, predicted: f64, x: f64, rho: Option<f64>) -> bool {
+        let k = 0.5 * cfg.detect.ln_1p();
+        let h = cfg.jump.ln_1p() - k;
         self.up.add(1.0, x, k);
         self.down.add(-1.0, x, k);
         if let Some(side) = [self.up, self.down].into_iter().find(|c| c.g > h) {
@@ -390,7 +464,7 @@ impl RankFit {
             }
             (self.up, self.down) = (Cusum::default(), Cusum::default());
             self.learn(cfg, b, u);
-            return;
+            return true;
         }
         let learned = if self.slow.slope().is_none() {
             u
@@ -407,6 +481,7 @@ impl RankFit {
                 self.down.moved(d);
             }
         }
+        false
     }
 }
 
@@ -449,6 +524,78 @@ pub struct Balancer {
     /// shape itself changes only when the model or the hardware does.
     #[serde(default)]
     pub shape: (f64, f64),
+    /// What excursions from base speeds have done lately (the risk model).
+    #[serde(default)]
+    pub risk: Risk,
+}
+
+/// The risk model: how often, in an iteration, some rank at its base speed is lifted (an onset)
+/// and by how much, and how often some lifted rank stays lifted, apart for fresh lifts (their onset
+/// the iteration before) and old ones: a one-off spike ends at once, a hog stays, and a lift that
+/// has lasted is likelier to last. Pooled over the ranks and forgotten with `slope_forgetting`.
+/// Counted per iteration rather than per rank, so that onsets that come together (a square wave)
+/// count once, and the largest is the one that sets the time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Risk {
+    /// Over iterations that began with a rank at its base speed: `(Σ w, Σ w·[an onset],
+    /// Σ w·[an onset]·largest onset lift)`.
+    onset: (f64, f64, f64),
+    /// The same over iterations that began with a fresh lift, for "one stayed".
+    fresh: (f64, f64, f64),
+    /// The same over iterations that began with an old lift.
+    old: (f64, f64, f64),
+}
+
+/// Forgets `s` by `lambda` and adds an iteration in which the event `hit` (the largest lift with
+/// it) happened or not.
+fn count(s: &mut (f64, f64, f64), lambda: f64, hit: Option<f64>) {
+    *s = (lambda * s.0 + 1.0, lambda * s.1, lambda * s.2);
+    if let Some(l) = hit {
+        s.1 += 1.0;
+        s.2 += l;
+    }
+}
+
+impl Risk {
+    /// Records one iteration's excursions.
+    fn record(&mut self, lambda: f64, events: impl Iterator<Item = Excursion>) {
+        // Per kind of rank: whether any began the iteration so, and the largest lift of the event.
+        let mut seen = [(false, None::<f64>); 3];
+        let mut hit = |k: usize, lift: Option<f64>| {
+            seen[k].0 = true;
+            if let Some(l) = lift {
+                seen[k].1 = Some(seen[k].1.map_or(l, |m: f64| m.max(l)));
+            }
+        };
+        for e in events {
+            match e {
+                Excursion::None => hit(0, None),
+                Excursion::Onset(l) => hit(0, Some(l)),
+                Excursion::Stayed { lift, old } => hit(1 + old as usize, Some(lift)),
+                Excursion::Ended { old } => hit(1 + old as usize, None),
+            }
+        }
+        for (s, (began, event)) in [&mut self.onset, &mut self.fresh, &mut self.old].into_iter().zip(seen) {
+            if began {
+                count(s, lambda, event);
+            }
+        }
+    }
+
+    /// The probability that some rank at its base speed has an onset next iteration, and the log
+    /// factor of the largest (0 before any was seen).
+    fn onset(&self) -> (f64, f64) {
+        let (w, n, l) = self.onset;
+        if n > 0.0 { (n / w, l / n) } else { (0.0, 0.0) }
+    }
+
+    /// The probability that some lifted rank (fresh or old) stays lifted next iteration, and the log
+    /// factor of the largest that stays (`None` before any stayed). Before lifts were seen to end
+    /// or stay, they are taken to stay, as the detector assumes: one iteration's worth of prior.
+    fn stay(&self, old: bool) -> (f64, Option<f64>) {
+        let (w, n, l) = if old { self.old } else { self.fresh };
+        ((n + 1.0) / (w + 1.0), (n > 0.0).then(|| l / n))
+    }
 }
 
 impl Balancer {
@@ -465,6 +612,7 @@ impl Balancer {
             seen: 0,
             epoch_totals: vec![(0.0, 0.0); world],
             shape: (0.0, 0.0),
+            risk: Risk::default(),
         })
     }
 
@@ -497,10 +645,12 @@ impl Balancer {
             return;
         }
         let rho = self.shape();
-        for (fit, o) in self.fits.iter_mut().zip(obs) {
-            let share = if self.cfg.signal { o.cpu_share } else { 1.0 };
-            fit.observe_with(o.batch, o.compute_s, share, &self.cfg, rho);
-        }
+        let cfg = &self.cfg;
+        let events = self.fits.iter_mut().zip(obs).map(|(fit, o)| {
+            let share = if cfg.signal { o.cpu_share } else { 1.0 };
+            fit.observe_with(o.batch, o.compute_s, share, cfg, rho)
+        });
+        self.risk.record(cfg.slope_forgetting, events);
         if let Some(m) = pooled_shape(&self.fits) {
             let l = self.cfg.slope_forgetting;
             self.shape = (l * self.shape.0 + m, l * self.shape.1 + 1.0);
@@ -511,7 +661,10 @@ impl Balancer {
             let rho = self.shape();
             let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.next_line(rho)).collect();
             if let Some(lines) = lines {
-                self.adopt(&lines);
+                let plan = self.plan(&lines);
+                let planned: Vec<Line> =
+                    lines.iter().zip(&plan).map(|(l, &m)| Line { alpha: l.alpha * m, beta: l.beta * m }).collect();
+                self.adopt(&lines, &planned);
             }
         }
     }
@@ -549,6 +702,72 @@ impl Balancer {
         self.epoch_totals.iter_mut().for_each(|t| *t = (0.0, 0.0));
     }
 
+    /// The factor each rank's predicted line is planned at: the plan, of four, with the smallest
+    /// expected slowest time under the risk model ([`Risk`]). A rank at its base speed is planned
+    /// at it (1) or hedged at the typical onset's factor `F`; a freshly lifted rank at its current
+    /// speed (1) or at its base (`e^-excess`); a rank lifted for longer at its current speed. A plan
+    /// `m` gives the iteration `T_m·E[max(X, Y, Z)]`, with `T_m ∝ 1/Σ 1/(m_i·β_i)` (the finishing
+    /// time of the planned lines) and `X`, `Y`, `Z` the slowest actual-over-planned ratios of the three
+    /// kinds of ranks: `X` is `F/φ` if some onset comes (else `1/φ`); `Y` is `1` (or `e^excess` if
+    /// planned at base) if some fresh lift stays, else `e^-excess` (or `1`); `Z` likewise for the
+    /// old lifts, planned at their current speed.
+    ///
+    /// Hedging pays when onsets are all but certain each iteration (many ranks, short bursts: then
+    /// every rank is planned at its slowed speed, and no rank is given work that an onset would make
+    /// the straggler); planning a fresh lift at its base pays when lifts end at once (one-off
+    /// spikes). Without excursions it is the plan at the predicted speeds.
+    fn plan(&self, lines: &[Line]) -> Vec<f64> {
+        let cfg = &self.cfg;
+        let (p_on, f_on) = self.risk.onset();
+        let kind = |f: &RankFit| if !f.lifted(cfg) { 0 } else if f.lifted_long(cfg) { 2 } else { 1 };
+        let mut count = [0usize; 3];
+        let mut lift_sum = [0.0f64; 3];
+        let mut lift_max = [0.0f64; 3];
+        for f in &self.fits {
+            let k = kind(f);
+            count[k] += 1;
+            lift_sum[k] += f.excess();
+            lift_max[k] = lift_max[k].max(f.excess());
+        }
+        if count[0] == self.fits.len() && p_on == 0.0 {
+            return vec![1.0; self.fits.len()];
+        }
+        let f_on = f_on.exp();
+        // Per lifted kind: the probability that one stays, the largest lift that stays, the mean lift.
+        let lifted = |k: usize| {
+            let (p, l) = self.risk.stay(k == 2);
+            (p, l.unwrap_or(lift_max[k]).exp(), (-lift_sum[k] / count[k].max(1) as f64).exp())
+        };
+        let (fresh, old) = (lifted(1), lifted(2));
+        let factor = |f: &RankFit, phi: f64, at_base: bool| match kind(f) {
+            0 => phi,
+            1 if at_base => (-f.excess()).exp(),
+            _ => 1.0,
+        };
+        let expected = |phi: f64, at_base: bool| {
+            // Equal finishing time of lines scaled by m_i: T = (B + Σ α_i/β_i) / Σ 1/(m_i·β_i).
+            let capacity: f64 = self.fits.iter().zip(lines).map(|(f, l)| 1.0 / (l.beta * factor(f, phi, at_base))).sum();
+            // Each kind present: its ratio without and with the event, and the event's probability.
+            let (p1, stay1, back1) = fresh;
+            let vars = [
+                (count[0] > 0).then_some((1.0 / phi, f_on / phi, p_on)),
+                (count[1] > 0).then_some(if at_base { (1.0, stay1, p1) } else { (back1, 1.0, p1) }),
+                (count[2] > 0).then_some((old.2, 1.0, old.0)),
+            ];
+            expected_max(&vars.into_iter().flatten().collect::<Vec<_>>()) / capacity
+        };
+        // The plan at the predicted speeds stays unless another is expected faster by the dead-band.
+        let mut best = (expected(1.0, false) * (1.0 - cfg.dead_band), 1.0, false);
+        for (phi, at_base) in [(f_on, false), (1.0, true), (f_on, true)] {
+            let e = expected(phi, at_base);
+            if e < best.0 {
+                best = (e, phi, at_base);
+            }
+        }
+        let (_, phi, at_base) = best;
+        self.fits.iter().map(|f| factor(f, phi, at_base)).collect()
+    }
+
     /// Takes the equalised split unless it beats the current one by less than the dead-band. Two
     /// bounds hold every rank's step:
     /// - a trust region: a size at most halves or doubles per iteration (the fits are only reliable
@@ -558,7 +777,7 @@ impl Balancer {
     ///   was measured at the current size whatever its fixed cost, so that share holds even when
     ///   noise has inflated the fitted α, which would otherwise shrink the rank further each step
     ///   (a fixed cost no larger than the per-sample work never asks for less).
-    fn adopt(&mut self, lines: &[Line]) {
+    fn adopt(&mut self, lines: &[Line], planned: &[Line]) {
         let rate: Vec<f64> = lines.iter().zip(&self.sizes).map(|(l, &b)| b as f64 / l.at(b).max(1e-12)).collect();
         let total: f64 = rate.iter().sum();
         let trust: Vec<(usize, usize)> = self
@@ -572,13 +791,25 @@ impl Balancer {
                 (low, (2 * b + 1).min(hi).max(low))
             })
             .collect();
-        let proposal = equalize(lines, self.global_batch, &trust);
-        let now = predicted_max(lines, &self.sizes);
-        let new = predicted_max(lines, &proposal);
+        let proposal = equalize(planned, self.global_batch, &trust);
+        let now = predicted_max(planned, &self.sizes);
+        let new = predicted_max(planned, &proposal);
         if new < now * (1.0 - self.cfg.dead_band) {
             self.sizes = proposal;
         }
     }
+}
+
+/// The expected largest of independent two-valued variables, each `(low, high, P(high))`.
+fn expected_max(vars: &[(f64, f64, f64)]) -> f64 {
+    (0..1usize << vars.len())
+        .map(|pick| {
+            vars.iter().enumerate().fold((1.0, f64::NEG_INFINITY), |(p, m), (j, &(lo, hi, ph))| {
+                if pick >> j & 1 == 1 { (p * ph, m.max(hi)) } else { (p * (1.0 - ph), m.max(lo)) }
+            })
+        })
+        .map(|(p, m)| if p > 0.0 { p * m } else { 0.0 })
+        .sum()
 }
 
 /// Ranks with a known shape from which the shape is pooled. A handful of ranks each see their own
@@ -621,41 +852,86 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
     let lo_sum: usize = bounds.iter().map(|b| b.0).sum();
     let hi_sum: usize = bounds.iter().map(|b| b.1).sum();
     assert!(lo_sum <= total && total <= hi_sum, "no split of {total} within the bounds");
-    // Continuous sizes at finishing time T: b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i), monotone in T.
-    let at = |t: f64, i: usize| ((t - lines[i].alpha) / lines[i].beta).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
-    let sum_at = |t: f64| (0..n).map(|i| at(t, i)).sum::<f64>();
+    // Continuous sizes at finishing time T: b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i), monotone in
+    // T and piecewise linear. Returns Σ b_i(T) and its slope Σ 1/β_i over the unclamped ranks.
+    let sum_at = |t: f64| {
+        let (mut sum, mut slope) = (0.0, 0.0);
+        for (l, &(lo, hi)) in lines.iter().zip(bounds) {
+            let raw = (t - l.alpha) / l.beta;
+            if raw <= lo as f64 {
+                sum += lo as f64;
+            } else if raw >= hi as f64 {
+                sum += hi as f64;
+            } else {
+                sum += raw;
+                slope += 1.0 / l.beta;
+            }
+        }
+        (sum, slope)
+    };
     let (mut t_lo, mut t_hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for (l, b) in lines.iter().zip(bounds) {
         t_lo = t_lo.min(l.at(b.0));
         t_hi = t_hi.max(l.at(b.1));
     }
-    // Down to a relative width of 1e-9: below that, sizes move by far less than a sample, and the
-    // greedy fill below settles the last ones exactly.
+    // Newton's steps aimed half a sample short of B land on a time just below the optimum once the
+    // clamped set is right (the sum is linear between its kinks); a step outside the bracket
+    // bisects instead. Done once the sum is within a sample of B from below, or the bracket is a
+    // relative 1e-9 wide (sizes then move by far less than a sample).
+    let target = total as f64;
+    let mut t = t_lo;
     for _ in 0..100 {
-        let mid = 0.5 * (t_lo + t_hi);
-        if mid <= t_lo || mid >= t_hi || t_hi - t_lo <= 1e-9 * t_hi.abs() {
+        let (sum, slope) = sum_at(t);
+        if sum < target {
+            t_lo = t_lo.max(t);
+            if sum >= target - 1.0 {
+                break;
+            }
+        } else {
+            t_hi = t_hi.min(t);
+        }
+        if t_hi - t_lo <= 1e-9 * t_hi.abs() {
             break;
         }
-        if sum_at(mid) < total as f64 {
-            t_lo = mid;
-        } else {
-            t_hi = mid;
+        let newton = t + (target - 0.5 - sum) / slope;
+        t = if slope > 0.0 && newton > t_lo && newton < t_hi { newton } else { 0.5 * (t_lo + t_hi) };
+        if t <= t_lo || t >= t_hi {
+            break;
         }
     }
+    let at = |t: f64, i: usize| ((t - lines[i].alpha) / lines[i].beta).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
     let mut sizes: Vec<usize> =
         (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
-    // Floors lose < 1 per rank, so fewer than n samples remain. Hand them out one at a time to the
-    // rank whose predicted time after taking one more is smallest (ties to the lower rank): for
-    // increasing per-rank costs this greedy fill reaches the optimal integer max.
-    let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> =
-        (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| Reverse((OrdF64(lines[i].at(sizes[i] + 1)), i))).collect();
-    let mut assigned: usize = sizes.iter().sum();
-    while assigned < total {
+    // Floors lose < 1 per rank, so at most n samples remain. They go one at a time to the rank whose
+    // predicted time after taking one more is smallest (ties to the lower rank): for increasing
+    // per-rank costs this greedy fill reaches the optimal integer max. Usually each of those ranks
+    // takes one: the `left` smallest next-sample times are then found by selection, and the heap
+    // is needed only when some rank's second sample would come before them.
+    let mut left = total - sizes.iter().sum::<usize>();
+    if left == 0 {
+        return sizes;
+    }
+    let key = |i: usize, s: usize| (OrdF64(lines[i].at(s + 1)), i);
+    let mut next: Vec<(OrdF64, usize)> = (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| key(i, sizes[i])).collect();
+    if left <= next.len() {
+        let (chosen, pivot, _) = next.select_nth_unstable(left - 1);
+        let pivot = *pivot;
+        let second_later =
+            chosen.iter().chain([&pivot]).all(|&(_, i)| sizes[i] + 1 >= bounds[i].1 || key(i, sizes[i] + 1) > pivot);
+        if second_later {
+            for &(_, i) in chosen.iter().chain([&pivot]) {
+                sizes[i] += 1;
+            }
+            return sizes;
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = next.into_iter().map(Reverse).collect();
+    while left > 0 {
         let Reverse((_, i)) = heap.pop().expect("Σ hi ≥ total leaves a rank with room");
         sizes[i] += 1;
-        assigned += 1;
+        left -= 1;
         if sizes[i] < bounds[i].1 {
-            heap.push(Reverse((OrdF64(lines[i].at(sizes[i] + 1)), i)));
+            heap.push(Reverse(key(i, sizes[i])));
         }
     }
     sizes
