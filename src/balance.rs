@@ -664,7 +664,7 @@ impl Balancer {
                 let plan = self.plan(&lines);
                 let planned: Vec<Line> =
                     lines.iter().zip(&plan).map(|(l, &m)| Line { alpha: l.alpha * m, beta: l.beta * m }).collect();
-                self.adopt(&lines, &planned);
+                self.adopt(&planned);
             }
         }
     }
@@ -768,26 +768,17 @@ impl Balancer {
         self.fits.iter().map(|f| factor(f, phi, at_base)).collect()
     }
 
-    /// Takes the equalised split unless it beats the current one by less than the dead-band. Two
-    /// bounds hold every rank's step:
-    /// - a trust region: a size at most halves or doubles per iteration (the fits are only reliable
-    ///   near sizes already seen), so a large change takes a few steps;
-    /// - a floor against starvation: never below half of the rank's proportional share, its
-    ///   predicted throughput at its current size over the cluster's. A line passes through what
-    ///   was measured at the current size whatever its fixed cost, so that share holds even when
-    ///   noise has inflated the fitted α, which would otherwise shrink the rank further each step
-    ///   (a fixed cost no larger than the per-sample work never asks for less).
-    fn adopt(&mut self, lines: &[Line], planned: &[Line]) {
-        let rate: Vec<f64> = lines.iter().zip(&self.sizes).map(|(l, &b)| b as f64 / l.at(b).max(1e-12)).collect();
-        let total: f64 = rate.iter().sum();
+    /// Takes the equalised split of the planned lines unless it beats the current one by less than
+    /// the dead-band. A trust region bounds every rank's step: a size at most halves or doubles per
+    /// iteration (the fits are only reliable near sizes already seen), so a large change takes a
+    /// few steps.
+    fn adopt(&mut self, planned: &[Line]) {
         let trust: Vec<(usize, usize)> = self
             .sizes
             .iter()
             .zip(&self.bounds)
-            .zip(&rate)
-            .map(|((&b, &(lo, hi)), &r)| {
-                let floor = (0.5 * self.global_batch as f64 * r / total).floor() as usize;
-                let low = (b / 2).max(lo).max(floor).min(hi);
+            .map(|(&b, &(lo, hi))| {
+                let low = (b / 2).max(lo).min(hi);
                 (low, (2 * b + 1).min(hi).max(low))
             })
             .collect();
@@ -1115,5 +1106,55 @@ mod tests {
         }
         f.observe(250, 0.04, &cfg);
         assert!(f.line().unwrap().alpha > 0.02, "a first size change teaches the fixed cost: {:?}", f.line());
+    }
+
+    /// Runs `iters` iterations of `n` ranks with equal speeds, a rank's CPU share halved while
+    /// `slowed(t, rank)`, and returns the balancer and the sizes after each iteration.
+    fn run(n: usize, iters: usize, slowed: impl Fn(usize, usize) -> bool) -> (Balancer, Vec<Vec<usize>>) {
+        let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
+        let mut bal = Balancer::new(&cfg, 256 * n, n).unwrap();
+        let mut history = Vec::new();
+        for t in 0..iters {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .enumerate()
+                .map(|(r, &b)| {
+                    let share = if slowed(t, r) { 0.5 } else { 1.0 };
+                    Observation { batch: b, compute_s: (1e-4 + 1e-5 * b as f64) / share, cpu_share: share }
+                })
+                .collect();
+            bal.observe(&obs);
+            history.push(bal.sizes().to_vec());
+        }
+        (bal, history)
+    }
+
+    #[test]
+    fn where_an_onset_is_certain_every_iteration_every_rank_is_planned_at_its_slowed_speed() {
+        // 64 ranks, each slowed 2× for 3 of every 16 iterations, 4 onsets in every iteration:
+        // planned at their predicted speeds, the ranks just slowed would get half and an onset
+        // among the others would set every iteration's time. Hedged, the split stays equal.
+        let (_, history) = run(64, 200, |t, r| (t + r) % 16 < 3);
+        for sizes in &history[150..] {
+            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(*hi as f64 <= 1.05 * *lo as f64, "not hedged: {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn a_one_off_spike_is_planned_past_once_spikes_are_seen_to_end_and_a_lasting_lift_is_not() {
+        // 16 ranks, one of them slowed for a single iteration every 10: once the spikes have been
+        // seen to end, the spiked rank keeps its size.
+        let spike = |t: usize, r: usize| t.is_multiple_of(10) && r == (t / 10) % 16;
+        let (_, history) = run(16, 600, spike);
+        for t in (500..600).step_by(10) {
+            let r = (t / 10) % 16;
+            assert!(history[t][r] >= 240, "reacted to the spike at {t}: {:?}", history[t]);
+        }
+        // A lasting slowdown (rank 3 from iteration 600 on) is planned for from its second
+        // iteration: the rank's share halves.
+        let (_, history) = run(16, 610, |t, r| spike(t, r) || (t >= 600 && r == 3));
+        assert!(history[603][3] < 160, "the lasting lift is ignored: {:?}", &history[598..]);
     }
 }
