@@ -287,6 +287,12 @@ pub struct RankFit {
     last_b: f64,
     /// Observations the current excursion has lasted beyond its onset.
     age: u32,
+    /// The rank's own onsets: `(Σ w, Σ w·[onset])` over its observations that began at its base
+    /// speed, forgotten with `slope_forgetting`, in two counts that share the observations out:
+    /// one picks the ranks at risk and the other measures their risk (see [`Balancer::plan`]).
+    onsets: [(f64, f64); 2],
+    /// Observations so far, which decide the count an observation goes to.
+    observed: u64,
     /// How far the detector's alarms have lifted the rank above its base speed, `ln(level/base)`
     /// (0 at its base): an excursion the risk model ([`Risk`]) asks the fate of.
     lift: f64,
@@ -390,6 +396,14 @@ impl RankFit {
             (true, false) => Excursion::Ended { old },
         };
         self.age = if matches!(e, Excursion::Stayed { .. }) { self.age + 1 } else { 0 };
+        if !was {
+            // Shared out by the fractional part of n·(golden ratio), which follows no period: with
+            // alternating counts, onsets that recur every even number of iterations all fall in one.
+            let which = (self.observed as f64 * 0.618_033_988_749_895).fract() < 0.5;
+            let (l, c) = (cfg.slope_forgetting, &mut self.onsets[which as usize]);
+            *c = (l * c.0 + 1.0, l * c.1 + matches!(e, Excursion::Onset(_)) as u8 as f64);
+        }
+        self.observed += 1;
         e
     }
 
@@ -702,70 +716,124 @@ impl Balancer {
         self.epoch_totals.iter_mut().for_each(|t| *t = (0.0, 0.0));
     }
 
-    /// The factor each rank's predicted line is planned at: the plan, of four, with the smallest
-    /// expected slowest time under the risk model ([`Risk`]). A rank at its base speed is planned
-    /// at it (1) or hedged at the typical onset's factor `F`; a freshly lifted rank at its current
-    /// speed (1) or at its base (`e^-excess`); a rank lifted for longer at its current speed. A plan
-    /// `m` gives the iteration `T_m·E[max(X, Y, Z)]`, with `T_m ∝ 1/Σ 1/(m_i·β_i)` (the finishing
-    /// time of the planned lines) and `X`, `Y`, `Z` the slowest actual-over-planned ratios of the three
-    /// kinds of ranks: `X` is `F/φ` if some onset comes (else `1/φ`); `Y` is `1` (or `e^excess` if
-    /// planned at base) if some fresh lift stays, else `e^-excess` (or `1`); `Z` likewise for the
-    /// old lifts, planned at their current speed.
+    /// The factor each rank's predicted line is planned at: the plan with the smallest expected
+    /// slowest time under the risk model ([`Risk`] and each rank's own onsets).
+    /// - Ranks at their base speed are planned at it (1), or hedged at the typical onset's factor
+    ///   `F` (at most 2): none, all, or those whose own onset rate is above a multiple (8, 4, 2, 1, ½) of the
+    ///   pool's.
+    /// - A freshly lifted rank is planned at its current speed or at its base (`e^-excess`).
+    /// - A rank lifted for longer is planned at its current speed.
     ///
-    /// Hedging pays when onsets are all but certain each iteration (many ranks, short bursts: then
-    /// every rank is planned at its slowed speed, and no rank is given work that an onset would make
-    /// the straggler); planning a fresh lift at its base pays when lifts end at once (one-off
+    /// A plan `m` gives the iteration `T_m·E[max]`, with `T_m ∝ 1/Σ 1/(m_i·β_i)` (the finishing
+    /// time of the planned lines), and the max over the slowest actual-over-planned ratio of each
+    /// group of ranks, each two-valued: unhedged `F` if one of them has an onset (else 1), hedged 1
+    /// (else `1/F`), fresh lifts 1 or `e^excess` if one stays (else `e^-excess` or 1), old lifts
+    /// likewise at their current speed.
+    ///
+    /// A group's probability of some onset is Poisson, its count times its pooled onset rate, but
+    /// never above the observed frequency of iterations with any onset (onsets that come together,
+    /// as in a square wave, are one event). The ranks are picked by one of their two alternating
+    /// onset counts and the group's rate is measured by the other: picked and measured by the same
+    /// count, the ranks that happened to have more onsets look riskier than they are, and a
+    /// cluster whose ranks are all alike (spikes, bursts on every rank) is hedged in part for
+    /// nothing.
+    ///
+    /// Hedging pays where onsets are all but certain each iteration (many ranks, short bursts: the
+    /// ranks at risk are planned at their slowed speed, and none is given work that an onset would
+    /// make the straggler); planning a fresh lift at its base pays where lifts end at once (one-off
     /// spikes). Without excursions it is the plan at the predicted speeds.
     fn plan(&self, lines: &[Line]) -> Vec<f64> {
         let cfg = &self.cfg;
-        let (p_on, f_on) = self.risk.onset();
+        let (p_any, f_on) = self.risk.onset();
         let kind = |f: &RankFit| if !f.lifted(cfg) { 0 } else if f.lifted_long(cfg) { 2 } else { 1 };
-        let mut count = [0usize; 3];
-        let mut lift_sum = [0.0f64; 3];
-        let mut lift_max = [0.0f64; 3];
-        for f in &self.fits {
-            let k = kind(f);
-            count[k] += 1;
-            lift_sum[k] += f.excess();
-            lift_max[k] = lift_max[k].max(f.excess());
-        }
-        if count[0] == self.fits.len() && p_on == 0.0 {
+        let kinds: Vec<usize> = self.fits.iter().map(kind).collect();
+        if p_any == 0.0 && kinds.iter().all(|&k| k == 0) {
             return vec![1.0; self.fits.len()];
         }
         let f_on = f_on.exp();
-        // Per lifted kind: the probability that one stays, the largest lift that stays, the mean lift.
+        // The base ranks by risk level: level j ≥ 1 if a rank's picking rate is above
+        // LEVELS[j − 1] times the pool's; per level Σ 1/β, and the measuring count's Σ w, Σ onsets
+        // and ranks.
+        const LEVELS: [f64; 5] = [0.5, 1.0, 2.0, 4.0, 8.0];
+        let pick = |f: &RankFit| if f.onsets[0].0 > 0.0 { f.onsets[0].1 / f.onsets[0].0 } else { 0.0 };
+        let (w, n) = self.fits.iter().zip(&kinds).filter(|(_, &k)| k == 0).fold((0.0, 0.0), |(w, n), (f, _)| {
+            (w + f.onsets[0].0, n + f.onsets[0].1)
+        });
+        let pool = if w > 0.0 { n / w } else { 0.0 };
+        let level = |f: &RankFit| if pool > 0.0 { LEVELS.iter().filter(|&&m| pick(f) > m * pool).count() } else { 0 };
+        let levels: Vec<usize> = self.fits.iter().map(level).collect();
+        let mut group = [(0.0, 0.0, 0.0, 0.0); LEVELS.len() + 1];
+        for ((f, l), (&kd, &lv)) in self.fits.iter().zip(lines).zip(kinds.iter().zip(&levels)) {
+            if kd == 0 {
+                let g = &mut group[lv];
+                *g = (g.0 + 1.0 / l.beta, g.1 + f.onsets[1].0, g.2 + f.onsets[1].1, g.3 + 1.0);
+            }
+        }
+        // Σ over the levels in a range.
+        let sum = |r: std::ops::Range<usize>| {
+            group[r].iter().fold((0.0, 0.0, 0.0, 0.0), |a, g| (a.0 + g.0, a.1 + g.1, a.2 + g.2, a.3 + g.3))
+        };
+        // The probability of some onset among a group of base ranks, and whether it has any. The
+        // group's rate is shrunk towards the pool's by one expected onset's worth of prior, so that
+        // a group of one or two ranks with an onset or two is not taken for a risky one.
+        let all = sum(0..LEVELS.len() + 1);
+        let pooled = if all.1 > 0.0 { all.2 / all.1 } else { 0.0 };
+        let some = |g: (f64, f64, f64, f64)| {
+            let mean = if pooled > 0.0 { g.3 * (g.2 + 1.0) / (g.1 + 1.0 / pooled) } else { 0.0 };
+            ((1.0 - (-mean).exp()).min(p_any), g.3 > 0.0)
+        };
+        // Per lifted kind: whether any, Σ 1/β at the current speed and at the base, the probability
+        // that one stays, the largest lift that stays, e^-(mean lift).
         let lifted = |k: usize| {
+            let (mut at_now, mut at_base, mut count, mut total, mut max) = (0.0, 0.0, 0usize, 0.0, 0.0f64);
+            for ((f, l), _) in self.fits.iter().zip(lines).zip(&kinds).filter(|(_, &kd)| kd == k) {
+                at_now += 1.0 / l.beta;
+                at_base += f.excess().exp() / l.beta;
+                count += 1;
+                total += f.excess();
+                max = max.max(f.excess());
+            }
             let (p, l) = self.risk.stay(k == 2);
-            (p, l.unwrap_or(lift_max[k]).exp(), (-lift_sum[k] / count[k].max(1) as f64).exp())
+            (count > 0, at_now, at_base, p, l.unwrap_or(max).exp(), (-total / count.max(1) as f64).exp())
         };
         let (fresh, old) = (lifted(1), lifted(2));
-        let factor = |f: &RankFit, phi: f64, at_base: bool| match kind(f) {
-            0 => phi,
-            1 if at_base => (-f.excess()).exp(),
-            _ => 1.0,
-        };
-        let expected = |phi: f64, at_base: bool| {
-            // Equal finishing time of lines scaled by m_i: T = (B + Σ α_i/β_i) / Σ 1/(m_i·β_i).
-            let capacity: f64 = self.fits.iter().zip(lines).map(|(f, l)| 1.0 / (l.beta * factor(f, phi, at_base))).sum();
-            // Each kind present: its ratio without and with the event, and the event's probability.
-            let (p1, stay1, back1) = fresh;
+        // A hedge plans a rank at most 2× slower, so that it never leaves a rank below half of its
+        // predicted share (what the scoreboard counts as starving).
+        let hedge = f_on.min(2.0);
+        // A plan: base ranks of level ≥ `from` hedged (`from` past the top: none), fresh lifts at base.
+        let top = LEVELS.len() + 1;
+        let expected = |from: usize, at_base: bool| {
+            let (hedged, unhedged) = (sum(from.min(top)..top), sum(0..from.min(top)));
+            let capacity = hedged.0 / hedge + unhedged.0 + if at_base { fresh.2 } else { fresh.1 } + old.1;
+            let ((p_u, any_u), (p_h, any_h)) = (some(unhedged), some(hedged));
             let vars = [
-                (count[0] > 0).then_some((1.0 / phi, f_on / phi, p_on)),
-                (count[1] > 0).then_some(if at_base { (1.0, stay1, p1) } else { (back1, 1.0, p1) }),
-                (count[2] > 0).then_some((old.2, 1.0, old.0)),
+                any_u.then_some((1.0, f_on, p_u)),
+                any_h.then_some((1.0 / hedge, f_on / hedge, p_h)),
+                fresh.0.then_some(if at_base { (1.0, fresh.4, fresh.3) } else { (fresh.5, 1.0, fresh.3) }),
+                old.0.then_some((old.5, 1.0, old.3)),
             ];
             expected_max(&vars.into_iter().flatten().collect::<Vec<_>>()) / capacity
         };
         // The plan at the predicted speeds stays unless another is expected faster by the dead-band.
-        let mut best = (expected(1.0, false) * (1.0 - cfg.dead_band), 1.0, false);
-        for (phi, at_base) in [(f_on, false), (1.0, true), (f_on, true)] {
-            let e = expected(phi, at_base);
-            if e < best.0 {
-                best = (e, phi, at_base);
+        let mut best = (expected(top, false) * (1.0 - cfg.dead_band), top, false);
+        for from in (0..=top).rev() {
+            for at_base in [false, true] {
+                let e = expected(from, at_base);
+                if e < best.0 {
+                    best = (e, from, at_base);
+                }
             }
         }
-        let (_, phi, at_base) = best;
-        self.fits.iter().map(|f| factor(f, phi, at_base)).collect()
+        let (_, from, at_base) = best;
+        self.fits
+            .iter()
+            .zip(kinds.iter().zip(&levels))
+            .map(|(f, (&kd, &lv))| match kd {
+                0 if lv >= from => hedge,
+                1 if at_base => (-f.excess()).exp(),
+                _ => 1.0,
+            })
+            .collect()
     }
 
     /// Takes the equalised split of the planned lines unless it beats the current one by less than
@@ -1156,5 +1224,18 @@ mod tests {
         // iteration: the rank's share halves.
         let (_, history) = run(16, 610, |t, r| spike(t, r) || (t >= 600 && r == 3));
         assert!(history[603][3] < 160, "the lasting lift is ignored: {:?}", &history[598..]);
+    }
+
+    #[test]
+    fn only_the_ranks_at_risk_are_hedged() {
+        // 64 ranks, a quarter of them slowed 2× for 2 of every 8 iterations (2 onsets in every
+        // iteration), the others never: those at risk are planned at their slowed speed, the
+        // others at their own, so a safe rank takes twice an endangered one's work.
+        let (_, history) = run(64, 400, |t, r| r < 16 && (t + r) % 8 < 2);
+        for sizes in &history[350..] {
+            let risky = sizes[..16].iter().max().unwrap();
+            let safe = sizes[16..].iter().min().unwrap();
+            assert!((*risky as f64) < 0.6 * *safe as f64, "hedged alike: {sizes:?}");
+        }
     }
 }
