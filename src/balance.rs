@@ -293,6 +293,10 @@ pub struct RankFit {
     onsets: [(f64, f64); 2],
     /// Observations so far, which decide the count an observation goes to.
     observed: u64,
+    /// `(Σ w, Σ w·x²)` of the log-deviations `x` fed to the detector (each within ±ln(1 + detect),
+    /// so that spikes and changes do not count), forgotten with `slope_forgetting`: the rank's
+    /// noise, from which the noise of its level follows ([`RankFit::level_noise`]).
+    noise: (f64, f64),
     /// How far the detector's alarms have lifted the rank above its base speed, `ln(level/base)`
     /// (0 at its base): an excursion the risk model ([`Risk`]) asks the fate of.
     lift: f64,
@@ -378,6 +382,13 @@ impl RankFit {
     /// smallest change the detector looks for.
     fn lifted(&self, cfg: &BalanceConfig) -> bool {
         self.excess() > cfg.detect.ln_1p()
+    }
+
+    /// The variance of the log of the rank's level from noise alone: an exponentially weighted
+    /// mean with forgetting λ over observations of log-variance σ² has variance σ²·(1 − λ)/(1 + λ).
+    pub fn level_noise(&self, cfg: &BalanceConfig) -> f64 {
+        let l = cfg.forgetting;
+        if self.noise.0 > 0.0 { self.noise.1 / self.noise.0 * (1.0 - l) / (1.0 + l) } else { 0.0 }
     }
 
     /// Whether the rank is on an excursion that has lasted beyond its onset.
@@ -468,6 +479,8 @@ impl RankFit {
     fn detect(&mut self, cfg: &BalanceConfig, b: f64, u: f64, predicted: f64, x: f64, rho: Option<f64>) -> bool {
         let k = 0.5 * cfg.detect.ln_1p();
         let h = cfg.jump.ln_1p() - k;
+        let (l, c) = (cfg.slope_forgetting, x.clamp(-cfg.detect.ln_1p(), cfg.detect.ln_1p()));
+        self.noise = (l * self.noise.0 + 1.0, l * self.noise.1 + c * c);
         self.up.add(1.0, x, k);
         self.down.add(-1.0, x, k);
         if let Some(side) = [self.up, self.down].into_iter().find(|c| c.g > h) {
@@ -675,6 +688,7 @@ impl Balancer {
             let rho = self.shape();
             let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.next_line(rho)).collect();
             if let Some(lines) = lines {
+                let lines = self.shrink(lines);
                 let plan = self.plan(&lines);
                 let planned: Vec<Line> =
                     lines.iter().zip(&plan).map(|(l, &m)| Line { alpha: l.alpha * m, beta: l.beta * m }).collect();
@@ -714,6 +728,33 @@ impl Balancer {
             self.sizes = equalize(&lines, self.global_batch, &self.bounds);
         }
         self.epoch_totals.iter_mut().for_each(|t| *t = (0.0, 0.0));
+    }
+
+    /// The predicted lines with each rank's speed shrunk towards the cluster's by the share of the
+    /// spread of the ranks' speeds that their levels' noise explains (James–Stein): in a cluster
+    /// of alike ranks the split then stays equal instead of following each level's noise, and
+    /// where the ranks differ by more than their noise it moves them little. The speed is the log of
+    /// the predicted time at the equal share, `ℓ_i`; with `v` the mean noise variance of the levels
+    /// and `s²` the variance of the `ℓ_i` over the ranks, each becomes `ℓ̄ + (1 − min(1, v/s²))·(ℓ_i − ℓ̄)`.
+    fn shrink(&self, lines: Vec<Line>) -> Vec<Line> {
+        let n = lines.len() as f64;
+        let at = self.global_batch as f64 / n;
+        let logs: Vec<f64> = lines.iter().map(|l| l.at_f(at).max(1e-300).ln()).collect();
+        let mean = logs.iter().sum::<f64>() / n;
+        let spread = logs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+        let noise = self.fits.iter().map(|f| f.level_noise(&self.cfg)).sum::<f64>() / n;
+        if !(spread > 0.0 && noise > 0.0) || lines.len() < 2 {
+            return lines;
+        }
+        let keep = 1.0 - (noise / spread).min(1.0);
+        lines
+            .iter()
+            .zip(&logs)
+            .map(|(l, &x)| {
+                let m = ((mean + keep * (x - mean)) - x).exp();
+                Line { alpha: l.alpha * m, beta: l.beta * m }
+            })
+            .collect()
     }
 
     /// The factor each rank's predicted line is planned at: the plan with the smallest expected
@@ -1237,5 +1278,29 @@ mod tests {
             let safe = sizes[16..].iter().min().unwrap();
             assert!((*risky as f64) < 0.6 * *safe as f64, "hedged alike: {sizes:?}");
         }
+    }
+
+    #[test]
+    fn alike_ranks_keep_an_equal_split_through_their_noise() {
+        // 16 ranks of one speed, each time ±4% noise: without shrinking, the split follows each
+        // level's noise (sizes spread by several percent); shrunk, it stays within a sample or two.
+        let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
+        let (n, b) = (16, 256 * 16);
+        let mut bal = Balancer::new(&cfg, b, n).unwrap();
+        let mut rng = crate::data::rng::Rng::from_keys(&[42]);
+        let mut worst: f64 = 1.0;
+        for t in 0..300 {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .map(|&b| Observation::new(b, (1e-4 + 1e-5 * b as f64) * (1.0 + 0.04 * (2.0 * rng.next_f64() - 1.0))))
+                .collect();
+            bal.observe(&obs);
+            if t >= 100 {
+                let (lo, hi) = (*bal.sizes().iter().min().unwrap(), *bal.sizes().iter().max().unwrap());
+                worst = worst.max(hi as f64 / lo as f64);
+            }
+        }
+        assert!(worst < 1.02, "the split follows the noise: max/min {worst:.3}");
     }
 }
