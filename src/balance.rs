@@ -625,6 +625,40 @@ impl Risk {
     }
 }
 
+/// The multiples of the pool's onset rate that split the base ranks into risk levels.
+const RISK_LEVELS: [f64; 5] = [0.5, 1.0, 2.0, 4.0, 8.0];
+
+/// Sums over a group of base ranks (see [`Balancer::plan`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Group {
+    /// Σ 1/β.
+    speed: f64,
+    /// Σ w and Σ onsets of the measuring count.
+    seen: f64,
+    onsets: f64,
+    ranks: f64,
+}
+
+impl Group {
+    fn add(self, o: &Group) -> Group {
+        Group { speed: self.speed + o.speed, seen: self.seen + o.seen, onsets: self.onsets + o.onsets, ranks: self.ranks + o.ranks }
+    }
+}
+
+/// The lifted ranks of one kind (see [`Balancer::plan`]).
+#[derive(Debug, Clone, Copy)]
+struct Lifted {
+    any: bool,
+    /// Σ 1/β at the current speed, and at the base.
+    speed_now: f64,
+    speed_base: f64,
+    /// The probability that one stays lifted, and the largest factor that stays.
+    p_stay: f64,
+    stay: f64,
+    /// e^-(mean lift): where they stand if all are back at their base.
+    back: f64,
+}
+
 impl Balancer {
     /// Starts from the equal split; fails with a clear message when no split respects the bounds.
     pub fn new(cfg: &BalanceConfig, global_batch: usize, world: usize) -> Result<Balancer> {
@@ -792,66 +826,33 @@ impl Balancer {
             return vec![1.0; self.fits.len()];
         }
         let f_on = f_on.exp();
-        // The base ranks by risk level: level j ≥ 1 if a rank's picking rate is above
-        // LEVELS[j − 1] times the pool's; per level Σ 1/β, and the measuring count's Σ w, Σ onsets
-        // and ranks.
-        const LEVELS: [f64; 5] = [0.5, 1.0, 2.0, 4.0, 8.0];
-        let pick = |f: &RankFit| if f.onsets[0].0 > 0.0 { f.onsets[0].1 / f.onsets[0].0 } else { 0.0 };
-        let (w, n) = self.fits.iter().zip(&kinds).filter(|(_, &k)| k == 0).fold((0.0, 0.0), |(w, n), (f, _)| {
-            (w + f.onsets[0].0, n + f.onsets[0].1)
-        });
-        let pool = if w > 0.0 { n / w } else { 0.0 };
-        let level = |f: &RankFit| if pool > 0.0 { LEVELS.iter().filter(|&&m| pick(f) > m * pool).count() } else { 0 };
-        let levels: Vec<usize> = self.fits.iter().map(level).collect();
-        let mut group = [(0.0, 0.0, 0.0, 0.0); LEVELS.len() + 1];
-        for ((f, l), (&kd, &lv)) in self.fits.iter().zip(lines).zip(kinds.iter().zip(&levels)) {
-            if kd == 0 {
-                let g = &mut group[lv];
-                *g = (g.0 + 1.0 / l.beta, g.1 + f.onsets[1].0, g.2 + f.onsets[1].1, g.3 + 1.0);
-            }
-        }
-        // Σ over the levels in a range.
-        let sum = |r: std::ops::Range<usize>| {
-            group[r].iter().fold((0.0, 0.0, 0.0, 0.0), |a, g| (a.0 + g.0, a.1 + g.1, a.2 + g.2, a.3 + g.3))
+        let (levels, group) = self.risk_levels(lines, &kinds);
+        let sum = |r: std::ops::Range<usize>| group[r].iter().fold(Group::default(), |a, g| a.add(g));
+        // The probability of some onset among a group of base ranks. The group's rate is shrunk
+        // towards the pool's by one expected onset's worth of prior, so that a group of one or two
+        // ranks with an onset or two is not taken for a risky one.
+        let all = sum(0..group.len());
+        let pooled = if all.seen > 0.0 { all.onsets / all.seen } else { 0.0 };
+        let some = |g: &Group| {
+            let mean = if pooled > 0.0 { g.ranks * (g.onsets + 1.0) / (g.seen + 1.0 / pooled) } else { 0.0 };
+            (1.0 - (-mean).exp()).min(p_any)
         };
-        // The probability of some onset among a group of base ranks, and whether it has any. The
-        // group's rate is shrunk towards the pool's by one expected onset's worth of prior, so that
-        // a group of one or two ranks with an onset or two is not taken for a risky one.
-        let all = sum(0..LEVELS.len() + 1);
-        let pooled = if all.1 > 0.0 { all.2 / all.1 } else { 0.0 };
-        let some = |g: (f64, f64, f64, f64)| {
-            let mean = if pooled > 0.0 { g.3 * (g.2 + 1.0) / (g.1 + 1.0 / pooled) } else { 0.0 };
-            ((1.0 - (-mean).exp()).min(p_any), g.3 > 0.0)
-        };
-        // Per lifted kind: whether any, Σ 1/β at the current speed and at the base, the probability
-        // that one stays, the largest lift that stays, e^-(mean lift).
-        let lifted = |k: usize| {
-            let (mut at_now, mut at_base, mut count, mut total, mut max) = (0.0, 0.0, 0usize, 0.0, 0.0f64);
-            for ((f, l), _) in self.fits.iter().zip(lines).zip(&kinds).filter(|(_, &kd)| kd == k) {
-                at_now += 1.0 / l.beta;
-                at_base += f.excess().exp() / l.beta;
-                count += 1;
-                total += f.excess();
-                max = max.max(f.excess());
-            }
-            let (p, l) = self.risk.stay(k == 2);
-            (count > 0, at_now, at_base, p, l.unwrap_or(max).exp(), (-total / count.max(1) as f64).exp())
-        };
-        let (fresh, old) = (lifted(1), lifted(2));
+        let (fresh, old) = (self.lifted_kind(lines, &kinds, 1), self.lifted_kind(lines, &kinds, 2));
         // A hedge plans a rank at most 2× slower, so that it never leaves a rank below half of its
         // predicted share (what the scoreboard counts as starving).
         let hedge = f_on.min(2.0);
         // A plan: base ranks of level ≥ `from` hedged (`from` past the top: none), fresh lifts at base.
-        let top = LEVELS.len() + 1;
+        let top = group.len();
         let expected = |from: usize, at_base: bool| {
-            let (hedged, unhedged) = (sum(from.min(top)..top), sum(0..from.min(top)));
-            let capacity = hedged.0 / hedge + unhedged.0 + if at_base { fresh.2 } else { fresh.1 } + old.1;
-            let ((p_u, any_u), (p_h, any_h)) = (some(unhedged), some(hedged));
+            let (hedged, unhedged) = (sum(from..top), sum(0..from));
+            let capacity =
+                hedged.speed / hedge + unhedged.speed + if at_base { fresh.speed_base } else { fresh.speed_now } + old.speed_now;
+            // Each group present: its slowest ratio without and with its event, and the event's chance.
             let vars = [
-                any_u.then_some((1.0, f_on, p_u)),
-                any_h.then_some((1.0 / hedge, f_on / hedge, p_h)),
-                fresh.0.then_some(if at_base { (1.0, fresh.4, fresh.3) } else { (fresh.5, 1.0, fresh.3) }),
-                old.0.then_some((old.5, 1.0, old.3)),
+                (unhedged.ranks > 0.0).then_some((1.0, f_on, some(&unhedged))),
+                (hedged.ranks > 0.0).then_some((1.0 / hedge, f_on / hedge, some(&hedged))),
+                fresh.any.then_some(if at_base { (1.0, fresh.stay, fresh.p_stay) } else { (fresh.back, 1.0, fresh.p_stay) }),
+                old.any.then_some((old.back, 1.0, old.p_stay)),
             ];
             expected_max(&vars.into_iter().flatten().collect::<Vec<_>>()) / capacity
         };
@@ -875,6 +876,48 @@ impl Balancer {
                 _ => 1.0,
             })
             .collect()
+    }
+
+    /// The base ranks (kind 0) by risk level, and the sums of each level: level `j ≥ 1` if a rank's
+    /// picking rate is above `RISK_LEVELS[j − 1]` times the pool's. The sums take the measuring
+    /// count (see [`Balancer::plan`]).
+    fn risk_levels(&self, lines: &[Line], kinds: &[usize]) -> (Vec<usize>, [Group; RISK_LEVELS.len() + 1]) {
+        let pick = |f: &RankFit| if f.onsets[0].0 > 0.0 { f.onsets[0].1 / f.onsets[0].0 } else { 0.0 };
+        let (w, n) = self.fits.iter().zip(kinds).filter(|(_, &k)| k == 0).fold((0.0, 0.0), |(w, n), (f, _)| {
+            (w + f.onsets[0].0, n + f.onsets[0].1)
+        });
+        let pool = if w > 0.0 { n / w } else { 0.0 };
+        let level = |f: &RankFit| if pool > 0.0 { RISK_LEVELS.iter().filter(|&&m| pick(f) > m * pool).count() } else { 0 };
+        let levels: Vec<usize> = self.fits.iter().map(level).collect();
+        let mut group = [Group::default(); RISK_LEVELS.len() + 1];
+        for ((f, l), (&kd, &lv)) in self.fits.iter().zip(lines).zip(kinds.iter().zip(&levels)) {
+            if kd == 0 {
+                let one = Group { speed: 1.0 / l.beta, seen: f.onsets[1].0, onsets: f.onsets[1].1, ranks: 1.0 };
+                group[lv] = group[lv].add(&one);
+            }
+        }
+        (levels, group)
+    }
+
+    /// What the plan needs to know of the lifted ranks of one kind (1 fresh, 2 old).
+    fn lifted_kind(&self, lines: &[Line], kinds: &[usize], k: usize) -> Lifted {
+        let (mut now, mut base, mut count, mut total, mut max) = (0.0, 0.0, 0usize, 0.0, 0.0f64);
+        for ((f, l), _) in self.fits.iter().zip(lines).zip(kinds).filter(|(_, &kd)| kd == k) {
+            now += 1.0 / l.beta;
+            base += f.excess().exp() / l.beta;
+            count += 1;
+            total += f.excess();
+            max = max.max(f.excess());
+        }
+        let (p_stay, stay) = self.risk.stay(k == 2);
+        Lifted {
+            any: count > 0,
+            speed_now: now,
+            speed_base: base,
+            p_stay,
+            stay: stay.unwrap_or(max).exp(),
+            back: (-total / count.max(1) as f64).exp(),
+        }
     }
 
     /// Takes the equalised split of the planned lines unless it beats the current one by less than
@@ -952,6 +995,49 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
     let lo_sum: usize = bounds.iter().map(|b| b.0).sum();
     let hi_sum: usize = bounds.iter().map(|b| b.1).sum();
     assert!(lo_sum <= total && total <= hi_sum, "no split of {total} within the bounds");
+    let t_lo = finishing_time(lines, total, bounds);
+    let at = |t: f64, i: usize| ((t - lines[i].alpha) / lines[i].beta).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
+    let mut sizes: Vec<usize> =
+        (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
+    // Floors lose < 1 per rank, so at most n samples remain. They go one at a time to the rank whose
+    // predicted time after taking one more is smallest (ties to the lower rank): for increasing
+    // per-rank costs this greedy fill reaches the optimal integer max. Usually each of those ranks
+    // takes one: the `left` smallest next-sample times are then found by selection, and the heap
+    // is needed only when some rank's second sample would come before them.
+    let mut left = total - sizes.iter().sum::<usize>();
+    if left == 0 {
+        return sizes;
+    }
+    let key = |i: usize, s: usize| (OrdF64(lines[i].at(s + 1)), i);
+    let mut next: Vec<(OrdF64, usize)> = (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| key(i, sizes[i])).collect();
+    if left <= next.len() {
+        let (chosen, pivot, _) = next.select_nth_unstable(left - 1);
+        let pivot = *pivot;
+        let second_later =
+            chosen.iter().chain([&pivot]).all(|&(_, i)| sizes[i] + 1 >= bounds[i].1 || key(i, sizes[i] + 1) > pivot);
+        if second_later {
+            for &(_, i) in chosen.iter().chain([&pivot]) {
+                sizes[i] += 1;
+            }
+            return sizes;
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = next.into_iter().map(Reverse).collect();
+    while left > 0 {
+        let Reverse((_, i)) = heap.pop().expect("Σ hi ≥ total leaves a rank with room");
+        sizes[i] += 1;
+        left -= 1;
+        if sizes[i] < bounds[i].1 {
+            heap.push(Reverse(key(i, sizes[i])));
+        }
+    }
+    sizes
+}
+
+/// The continuous optimum's finishing time, from below: a `T` whose sizes `b_i(T) = clamp((T −
+/// α_i)/β_i, lo_i, hi_i)` sum to less than `total` by at most a sample (or within a relative 1e-9
+/// of the optimum).
+fn finishing_time(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> f64 {
     // Continuous sizes at finishing time T: b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i), monotone in
     // T and piecewise linear. Returns Σ b_i(T) and its slope Σ 1/β_i over the unclamped ranks.
     let sum_at = |t: f64| {
@@ -999,42 +1085,7 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
             break;
         }
     }
-    let at = |t: f64, i: usize| ((t - lines[i].alpha) / lines[i].beta).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
-    let mut sizes: Vec<usize> =
-        (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
-    // Floors lose < 1 per rank, so at most n samples remain. They go one at a time to the rank whose
-    // predicted time after taking one more is smallest (ties to the lower rank): for increasing
-    // per-rank costs this greedy fill reaches the optimal integer max. Usually each of those ranks
-    // takes one: the `left` smallest next-sample times are then found by selection, and the heap
-    // is needed only when some rank's second sample would come before them.
-    let mut left = total - sizes.iter().sum::<usize>();
-    if left == 0 {
-        return sizes;
-    }
-    let key = |i: usize, s: usize| (OrdF64(lines[i].at(s + 1)), i);
-    let mut next: Vec<(OrdF64, usize)> = (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| key(i, sizes[i])).collect();
-    if left <= next.len() {
-        let (chosen, pivot, _) = next.select_nth_unstable(left - 1);
-        let pivot = *pivot;
-        let second_later =
-            chosen.iter().chain([&pivot]).all(|&(_, i)| sizes[i] + 1 >= bounds[i].1 || key(i, sizes[i] + 1) > pivot);
-        if second_later {
-            for &(_, i) in chosen.iter().chain([&pivot]) {
-                sizes[i] += 1;
-            }
-            return sizes;
-        }
-    }
-    let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = next.into_iter().map(Reverse).collect();
-    while left > 0 {
-        let Reverse((_, i)) = heap.pop().expect("Σ hi ≥ total leaves a rank with room");
-        sizes[i] += 1;
-        left -= 1;
-        if sizes[i] < bounds[i].1 {
-            heap.push(Reverse(key(i, sizes[i])));
-        }
-    }
-    sizes
+    t_lo
 }
 
 /// Total order on f64 for the heap.
