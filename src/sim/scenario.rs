@@ -501,7 +501,7 @@ impl Cluster {
 
     /// The noise draw `ε_i(t)` (standard normal) of rank `i` at iteration `t`.
     pub fn noise(&self, i: usize, t: usize) -> f64 {
-        Rng::from_keys(&[mix64(self.seed ^ 0x6e6f_6973_65), i as u64, t as u64]).normal() as f64
+        Rng::from_keys(&[mix64(self.seed ^ 0x6e_6f69_7365), i as u64, t as u64]).normal() as f64
     }
 }
 

@@ -43,7 +43,7 @@ impl std::fmt::Display for Slowdown {
 crate::error::serde_as_string!(Slowdown);
 
 /// Checks that every slowed rank exists in a world of `world`.
-pub(crate) fn check_slowdowns(slowdowns: &[Slowdown], world: usize) -> Result<()> {
+pub fn check_slowdowns(slowdowns: &[Slowdown], world: usize) -> Result<()> {
     match slowdowns.iter().find(|s| s.rank >= world) {
         Some(s) => {
             Err(Error::config("runtime.slowdown", format!("{s}: rank {} does not exist in a world of {world}", s.rank)))

@@ -281,7 +281,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             if run.progress.step >= run.total_iters {
                 break 'epochs;
             }
-            let rec = run.step(&plan.batch(t), epoch)?;
+            let rec = run.step(plan.batch(t), epoch)?;
             train_s += rec.iter_s;
             run.progress.epoch_loss.0 += rec.loss;
             run.progress.epoch_loss.1 += 1;
@@ -387,7 +387,7 @@ impl Outputs {
     }
 
     fn checkpoint_if_due(&mut self, run: &mut Run) -> Result<()> {
-        if self.checkpoint_every.is_some_and(|k| run.progress.step % k == 0) {
+        if self.checkpoint_every.is_some_and(|k| run.progress.step.is_multiple_of(k)) {
             self.save(run)?;
         }
         Ok(())

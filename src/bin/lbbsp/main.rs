@@ -288,6 +288,7 @@ fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()>
     let comm = &*comm;
     // Fail on the recipe/bounds before spending time on data.
     lbbsp::Balancer::new(&recipe.balance, recipe.train.global_batch, comm.world_size())?;
+    lbbsp::train::aids::check_slowdowns(&recipe.runtime.slowdown, comm.world_size())?;
     let data = lbbsp::data::load::load(&recipe.data, &args.data.data_dir)?;
     let rank0 = comm.rank() == 0;
     if rank0 && !args.quiet {
