@@ -124,7 +124,7 @@ end = full[-1]["unix_s"]
 changes, k = [], 1
 while start + k * period < end:
     changes.append(start + k * period); k += 1
-counts = []
+counts, moment = [], []
 for c in changes:
     phase = [r for r in full if c <= r["unix_s"] < c + period]
     if len(phase) < 10:
@@ -132,5 +132,14 @@ for c in changes:
     target = st.median(r["batch_sizes"][1] for r in phase[len(phase) // 2:])
     n = next((i for i, r in enumerate(phase) if abs(r["batch_sizes"][1] - target) <= 0.1 * target), len(phase))
     counts.append(n)
+    # The balance of the moment, as the simulator's recovery takes the oracle's split: rank 1's
+    # equal-time share by the seconds per sample the ranks measured, the median of 5 iterations
+    # from each one on (one iteration's times are too noisy for a 10% band).
+    def share(r):
+        rates = [b / c for b, c in zip(r["batch_sizes"], r["compute_s"])]
+        return r["global_batch"] * rates[1] / sum(rates)
+    near = lambda i: abs(phase[i]["batch_sizes"][1] - st.median(share(r) for r in phase[i:i + 5])) <= 0.1 * st.median(share(r) for r in phase[i:i + 5])
+    moment.append(next((i for i in range(len(phase) - 4) if near(i)), len(phase)))
 print(f"on/off every {period:g} s: iterations to get back within 10% of the new balance after each change: {counts}")
+print(f"  ... and of the balance of the moment (each iteration's measured equal-time share): {moment}")
 PY
