@@ -16,12 +16,18 @@
 //!   per-sample costs alike). A large deviation (`jump`) passes the threshold at once;
 //! - **shape at a new size**: in an iteration whose size moved, a deviation within `detect` is the
 //!   line's shape, learned whole and kept from the detector;
-//! - **the pooled shape**: from 16 ranks on, the ranks share the median fixed-cost share `α/β`.
+//! - **the pooled shape**: from 16 ranks on, the ranks share the median fixed-cost share `α/β`;
+//! - **shrinking alike ranks**: each rank's speed is pulled towards the cluster's by the share of
+//!   their spread that the levels' noise explains, so alike ranks keep an equal split;
+//! - **the risk plan**: excursions from each rank's base speed (onsets, and whether lifts stay) are
+//!   counted, and the split is planned for the smallest expected slowest time: the ranks at risk of
+//!   an onset hedged at the typical onset's factor, a fresh lift planned at its base where lifts end
+//!   at once.
 //!
-//! Given the fits, [`equalize`] chooses integer sizes with `Σ b_i = B` and `lo_i ≤ b_i ≤ hi_i` that
-//! minimise the predicted slowest time: the continuous optimum sets every unconstrained rank to the
-//! same finishing time `T`, found by bisection, and rounding hands the leftover samples one by one
-//! to the ranks whose predicted time grows least. A dead-band keeps the current split unless the new
+//! Given the planned lines, [`equalize`] chooses integer sizes with `Σ b_i = B` and `lo_i ≤ b_i ≤
+//! hi_i` that minimise the predicted slowest time: the continuous optimum sets every unconstrained
+//! rank to the same finishing time `T` (Newton's steps within a bisection's bracket), and rounding
+//! hands the leftover samples one by one to the ranks whose predicted time grows least. A dead-band keeps the current split unless the new
 //! one is predicted to be faster by more than a set fraction, so noise does not make sizes oscillate.
 //!
 //! Everything here is a pure function of its inputs, so every rank, fed the same gathered
