@@ -204,6 +204,16 @@ impl Line {
     pub fn at_f(&self, b: f64) -> f64 {
         self.alpha + self.beta * b
     }
+
+    /// The (fractional) size this line computes in `t` seconds.
+    pub fn size_at(&self, t: f64) -> f64 {
+        (t - self.alpha) / self.beta
+    }
+
+    /// The line `m` times slower: fixed and per-sample costs stretched alike.
+    pub fn scaled(&self, m: f64) -> Line {
+        Line { alpha: self.alpha * m, beta: self.beta * m }
+    }
 }
 
 /// Exponentially weighted sums of `(b, t)` pairs.
@@ -293,19 +303,41 @@ pub struct RankFit {
     last_b: f64,
     /// Observations the current excursion has lasted beyond its onset.
     age: u32,
-    /// The rank's own onsets: `(Σ w, Σ w·[onset])` over its observations that began at its base
+    /// The rank's own onset rate: the mean of `[onset]` over its observations that began at its base
     /// speed, forgotten with `slope_forgetting`, in two counts that share the observations out:
     /// one picks the ranks at risk and the other measures their risk (see [`Balancer::plan`]).
-    onsets: [(f64, f64); 2],
+    onsets: [Forgotten; 2],
     /// Observations so far, which decide the count an observation goes to.
     observed: u64,
-    /// `(Σ w, Σ w·x²)` of the log-deviations `x` fed to the detector (each within ±ln(1 + detect),
+    /// The mean square of the log-deviations `x` fed to the detector (each within ±ln(1 + detect),
     /// so that spikes and changes do not count), forgotten with `slope_forgetting`: the rank's
     /// noise, from which the noise of its level follows ([`RankFit::level_noise`]).
-    noise: (f64, f64),
+    noise: Forgotten,
     /// How far the detector's alarms have lifted the rank above its base speed, `ln(level/base)`
     /// (0 at its base): an excursion the risk model ([`Risk`]) asks the fate of.
     lift: f64,
+}
+
+/// An exponentially forgotten mean, `Σ λ^k·x_k / Σ λ^k` over observations `k` old.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+struct Forgotten {
+    w: f64,
+    sum: f64,
+}
+
+impl Forgotten {
+    fn add(&mut self, lambda: f64, x: f64) {
+        (self.w, self.sum) = (lambda * self.w + 1.0, lambda * self.sum + x);
+    }
+
+    /// The mean, 0 before any observation.
+    fn mean(&self) -> f64 {
+        if self.w > 0.0 {
+            self.sum / self.w
+        } else {
+            0.0
+        }
+    }
 }
 
 /// What one observation told about a rank's excursion from its base speed.
@@ -362,8 +394,17 @@ impl RankFit {
     /// The predicted line of the next iteration: [`RankFit::line_with`] at the last reported CPU
     /// share (a rank given half its core takes twice as long).
     pub fn next_line(&self, rho: Option<f64>) -> Option<Line> {
-        let s = if self.share > 0.0 { self.share } else { 1.0 };
+        let s = self.share();
         self.line_with(rho).map(|l| Line { alpha: l.alpha / s, beta: l.beta / s })
+    }
+
+    /// The CPU share the rank reported last (1 before any report).
+    fn share(&self) -> f64 {
+        if self.share > 0.0 {
+            self.share
+        } else {
+            1.0
+        }
     }
 
     /// Adds `(b, u)` to the level's and the slope's sums, each with its forgetting.
@@ -380,8 +421,7 @@ impl RankFit {
     /// How much slower than its base speed the rank's next iteration is predicted, as a log
     /// factor: the lift of the detector's alarms, and the CPU share co-located jobs left it.
     pub fn excess(&self) -> f64 {
-        let s = if self.share > 0.0 { self.share } else { 1.0 };
-        self.lift - s.ln()
+        self.lift - self.share().ln()
     }
 
     /// Whether the rank is on an excursion: predicted slower than its base by more than the
@@ -394,7 +434,7 @@ impl RankFit {
     /// mean with forgetting λ over observations of log-variance σ² has variance σ²·(1 − λ)/(1 + λ).
     pub fn level_noise(&self, cfg: &BalanceConfig) -> f64 {
         let l = cfg.forgetting;
-        if self.noise.0 > 0.0 { self.noise.1 / self.noise.0 * (1.0 - l) / (1.0 + l) } else { 0.0 }
+        self.noise.mean() * (1.0 - l) / (1.0 + l)
     }
 
     /// Whether the rank is on an excursion that has lasted beyond its onset.
@@ -417,8 +457,7 @@ impl RankFit {
             // Shared out by the fractional part of n·(golden ratio), which follows no period: with
             // alternating counts, onsets that recur every even number of iterations all fall in one.
             let which = (self.observed as f64 * 0.618_033_988_749_895).fract() < 0.5;
-            let (l, c) = (cfg.slope_forgetting, &mut self.onsets[which as usize]);
-            *c = (l * c.0 + 1.0, l * c.1 + matches!(e, Excursion::Onset(_)) as u8 as f64);
+            self.onsets[which as usize].add(cfg.slope_forgetting, matches!(e, Excursion::Onset(_)) as u8 as f64);
         }
         self.observed += 1;
         e
@@ -485,8 +524,8 @@ impl RankFit {
     fn detect(&mut self, cfg: &BalanceConfig, b: f64, u: f64, predicted: f64, x: f64, rho: Option<f64>) -> bool {
         let k = 0.5 * cfg.detect.ln_1p();
         let h = cfg.jump.ln_1p() - k;
-        let (l, c) = (cfg.slope_forgetting, x.clamp(-cfg.detect.ln_1p(), cfg.detect.ln_1p()));
-        self.noise = (l * self.noise.0 + 1.0, l * self.noise.1 + c * c);
+        let c = x.clamp(-cfg.detect.ln_1p(), cfg.detect.ln_1p());
+        self.noise.add(cfg.slope_forgetting, c * c);
         self.up.add(1.0, x, k);
         self.down.add(-1.0, x, k);
         if let Some(side) = [self.up, self.down].into_iter().find(|c| c.g > h) {
@@ -619,7 +658,11 @@ impl Risk {
     /// factor of the largest (0 before any was seen).
     fn onset(&self) -> (f64, f64) {
         let (w, n, l) = self.onset;
-        if n > 0.0 { (n / w, l / n) } else { (0.0, 0.0) }
+        if n > 0.0 {
+            (n / w, l / n)
+        } else {
+            (0.0, 0.0)
+        }
     }
 
     /// The probability that some lifted rank (fresh or old) stays lifted next iteration, and the log
@@ -647,7 +690,12 @@ struct Group {
 
 impl Group {
     fn add(self, o: &Group) -> Group {
-        Group { speed: self.speed + o.speed, seen: self.seen + o.seen, onsets: self.onsets + o.onsets, ranks: self.ranks + o.ranks }
+        Group {
+            speed: self.speed + o.speed,
+            seen: self.seen + o.seen,
+            onsets: self.onsets + o.onsets,
+            ranks: self.ranks + o.ranks,
+        }
     }
 }
 
@@ -730,8 +778,7 @@ impl Balancer {
             if let Some(lines) = lines {
                 let lines = self.shrink(lines);
                 let plan = self.plan(&lines);
-                let planned: Vec<Line> =
-                    lines.iter().zip(&plan).map(|(l, &m)| Line { alpha: l.alpha * m, beta: l.beta * m }).collect();
+                let planned: Vec<Line> = lines.iter().zip(&plan).map(|(l, &m)| l.scaled(m)).collect();
                 self.adopt(&planned);
             }
         }
@@ -787,14 +834,7 @@ impl Balancer {
             return lines;
         }
         let keep = 1.0 - (noise / spread).min(1.0);
-        lines
-            .iter()
-            .zip(&logs)
-            .map(|(l, &x)| {
-                let m = ((mean + keep * (x - mean)) - x).exp();
-                Line { alpha: l.alpha * m, beta: l.beta * m }
-            })
-            .collect()
+        lines.iter().zip(&logs).map(|(l, &x)| l.scaled(((mean + keep * (x - mean)) - x).exp())).collect()
     }
 
     /// The factor each rank's predicted line is planned at: the plan with the smallest expected
@@ -826,7 +866,15 @@ impl Balancer {
     fn plan(&self, lines: &[Line]) -> Vec<f64> {
         let cfg = &self.cfg;
         let (p_any, f_on) = self.risk.onset();
-        let kind = |f: &RankFit| if !f.lifted(cfg) { 0 } else if f.lifted_long(cfg) { 2 } else { 1 };
+        let kind = |f: &RankFit| {
+            if !f.lifted(cfg) {
+                0
+            } else if f.lifted_long(cfg) {
+                2
+            } else {
+                1
+            }
+        };
         let kinds: Vec<usize> = self.fits.iter().map(kind).collect();
         if p_any == 0.0 && kinds.iter().all(|&k| k == 0) {
             return vec![1.0; self.fits.len()];
@@ -851,13 +899,19 @@ impl Balancer {
         let top = group.len();
         let expected = |from: usize, at_base: bool| {
             let (hedged, unhedged) = (sum(from..top), sum(0..from));
-            let capacity =
-                hedged.speed / hedge + unhedged.speed + if at_base { fresh.speed_base } else { fresh.speed_now } + old.speed_now;
+            let capacity = hedged.speed / hedge
+                + unhedged.speed
+                + if at_base { fresh.speed_base } else { fresh.speed_now }
+                + old.speed_now;
             // Each group present: its slowest ratio without and with its event, and the event's chance.
             let vars = [
                 (unhedged.ranks > 0.0).then_some((1.0, f_on, some(&unhedged))),
                 (hedged.ranks > 0.0).then_some((1.0 / hedge, f_on / hedge, some(&hedged))),
-                fresh.any.then_some(if at_base { (1.0, fresh.stay, fresh.p_stay) } else { (fresh.back, 1.0, fresh.p_stay) }),
+                fresh.any.then_some(if at_base {
+                    (1.0, fresh.stay, fresh.p_stay)
+                } else {
+                    (fresh.back, 1.0, fresh.p_stay)
+                }),
                 old.any.then_some((old.back, 1.0, old.p_stay)),
             ];
             expected_max(&vars.into_iter().flatten().collect::<Vec<_>>()) / capacity
@@ -888,17 +942,21 @@ impl Balancer {
     /// picking rate is above `RISK_LEVELS[j − 1]` times the pool's. The sums take the measuring
     /// count (see [`Balancer::plan`]).
     fn risk_levels(&self, lines: &[Line], kinds: &[usize]) -> (Vec<usize>, [Group; RISK_LEVELS.len() + 1]) {
-        let pick = |f: &RankFit| if f.onsets[0].0 > 0.0 { f.onsets[0].1 / f.onsets[0].0 } else { 0.0 };
-        let (w, n) = self.fits.iter().zip(kinds).filter(|(_, &k)| k == 0).fold((0.0, 0.0), |(w, n), (f, _)| {
-            (w + f.onsets[0].0, n + f.onsets[0].1)
-        });
+        let pick = |f: &RankFit| f.onsets[0].mean();
+        let (w, n) = self
+            .fits
+            .iter()
+            .zip(kinds)
+            .filter(|(_, &k)| k == 0)
+            .fold((0.0, 0.0), |(w, n), (f, _)| (w + f.onsets[0].w, n + f.onsets[0].sum));
         let pool = if w > 0.0 { n / w } else { 0.0 };
-        let level = |f: &RankFit| if pool > 0.0 { RISK_LEVELS.iter().filter(|&&m| pick(f) > m * pool).count() } else { 0 };
+        let level =
+            |f: &RankFit| if pool > 0.0 { RISK_LEVELS.iter().filter(|&&m| pick(f) > m * pool).count() } else { 0 };
         let levels: Vec<usize> = self.fits.iter().map(level).collect();
         let mut group = [Group::default(); RISK_LEVELS.len() + 1];
         for ((f, l), (&kd, &lv)) in self.fits.iter().zip(lines).zip(kinds.iter().zip(&levels)) {
             if kd == 0 {
-                let one = Group { speed: 1.0 / l.beta, seen: f.onsets[1].0, onsets: f.onsets[1].1, ranks: 1.0 };
+                let one = Group { speed: 1.0 / l.beta, seen: f.onsets[1].w, onsets: f.onsets[1].sum, ranks: 1.0 };
                 group[lv] = group[lv].add(&one);
             }
         }
@@ -931,15 +989,8 @@ impl Balancer {
     /// iteration (the fits are only reliable near sizes already seen), so a large change takes a
     /// few steps.
     fn adopt(&mut self, planned: &[Line]) {
-        let trust: Vec<(usize, usize)> = self
-            .sizes
-            .iter()
-            .zip(&self.bounds)
-            .map(|(&b, &(lo, hi))| {
-                let low = (b / 2).max(lo).min(hi);
-                (low, (2 * b + 1).min(hi).max(low))
-            })
-            .collect();
+        let trust: Vec<(usize, usize)> =
+            self.sizes.iter().zip(&self.bounds).map(|(&b, &(lo, hi))| ((b / 2).max(lo), (2 * b + 1).min(hi))).collect();
         let proposal = equalize(planned, self.global_batch, &trust);
         let now = predicted_max(planned, &self.sizes);
         let new = predicted_max(planned, &proposal);
@@ -954,7 +1005,11 @@ fn expected_max(vars: &[(f64, f64, f64)]) -> f64 {
     (0..1usize << vars.len())
         .map(|pick| {
             vars.iter().enumerate().fold((1.0, f64::NEG_INFINITY), |(p, m), (j, &(lo, hi, ph))| {
-                if pick >> j & 1 == 1 { (p * ph, m.max(hi)) } else { (p * (1.0 - ph), m.max(lo)) }
+                if pick >> j & 1 == 1 {
+                    (p * ph, m.max(hi))
+                } else {
+                    (p * (1.0 - ph), m.max(lo))
+                }
             })
         })
         .map(|(p, m)| if p > 0.0 { p * m } else { 0.0 })
@@ -1002,7 +1057,7 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
     let hi_sum: usize = bounds.iter().map(|b| b.1).sum();
     assert!(lo_sum <= total && total <= hi_sum, "no split of {total} within the bounds");
     let t_lo = finishing_time(lines, total, bounds);
-    let at = |t: f64, i: usize| ((t - lines[i].alpha) / lines[i].beta).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
+    let at = |t: f64, i: usize| lines[i].size_at(t).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
     let mut sizes: Vec<usize> =
         (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
     // Floors lose < 1 per rank, so at most n samples remain. They go one at a time to the rank whose
@@ -1049,7 +1104,7 @@ fn finishing_time(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> f6
     let sum_at = |t: f64| {
         let (mut sum, mut slope) = (0.0, 0.0);
         for (l, &(lo, hi)) in lines.iter().zip(bounds) {
-            let raw = (t - l.alpha) / l.beta;
+            let raw = l.size_at(t);
             if raw <= lo as f64 {
                 sum += lo as f64;
             } else if raw >= hi as f64 {

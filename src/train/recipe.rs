@@ -174,7 +174,6 @@ pub fn resolve(name_or_path: &str, overrides: &[String]) -> Result<Recipe> {
     }
 }
 
-/// Sets `a.b.c = value` in a TOML table, creating intermediate tables.
 /// The default `[balance]` section with `balance.KEY=VALUE` overrides applied (how `lbbsp simulate
 /// --set` tries a setting on the suite).
 pub fn balance_with(overrides: &[String]) -> Result<crate::balance::BalanceConfig> {
@@ -190,6 +189,7 @@ pub fn balance_with(overrides: &[String]) -> Result<crate::balance::BalanceConfi
     section.try_into().map_err(|e: toml::de::Error| Error::config("balance", format!("after --set: {e}")))
 }
 
+/// Sets `a.b.c = value` in a TOML table, creating intermediate tables.
 fn set_dotted(table: &mut toml::Table, assignment: &str) -> std::result::Result<(), String> {
     let (key, raw) = assignment.split_once('=').ok_or("expected KEY=VALUE")?;
     let parts: Vec<&str> = key.trim().split('.').collect();
