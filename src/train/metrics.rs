@@ -121,17 +121,61 @@ pub struct Summary {
 pub struct JsonlWriter {
     path: PathBuf,
     out: std::io::BufWriter<std::fs::File>,
+    line: String,
 }
 
 impl JsonlWriter {
+    /// A new file (replacing one of that name), written through a buffer: for files written in one go.
     pub fn create(path: &Path) -> Result<JsonlWriter> {
         let f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-        Ok(JsonlWriter { path: path.to_path_buf(), out: std::io::BufWriter::new(f) })
+        Ok(JsonlWriter::new(path, f, 1 << 16))
     }
+
+    /// A new file written as it goes: every line is one `write` to the file, so `tail -f` sees it
+    /// at once and a killed process has lost nothing it wrote (the page cache keeps it).
+    pub fn streaming(path: &Path) -> Result<JsonlWriter> {
+        let f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+        Ok(JsonlWriter::new(path, f, 0))
+    }
+
+    /// [`JsonlWriter::streaming`] that continues the per-iteration records of a resumed run: the
+    /// records of iterations before `next_iter` stay, later ones (written by the run that stopped
+    /// after its checkpoint) and a torn last line go, as the resumed run writes them anew.
+    pub fn resume_records(path: &Path, next_iter: usize) -> Result<JsonlWriter> {
+        #[derive(Deserialize)]
+        struct Head {
+            iter: usize,
+        }
+        let kept: String = match std::fs::read_to_string(path) {
+            Ok(text) => text
+                .lines()
+                .filter(|l| serde_json::from_str::<Head>(l).is_ok_and(|h| h.iter < next_iter))
+                .flat_map(|l| [l, "\n"])
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        // Rewritten beside and renamed over: a crash now leaves the old file or the new one.
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        std::fs::write(&tmp, kept).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        let f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| Error::io(path, e))?;
+        Ok(JsonlWriter::new(path, f, 0))
+    }
+
+    fn new(path: &Path, f: std::fs::File, buffer: usize) -> JsonlWriter {
+        JsonlWriter { path: path.to_path_buf(), out: std::io::BufWriter::with_capacity(buffer, f), line: String::new() }
+    }
+
+    /// Writes `rec` as one line, in one piece (a streaming writer's lines are never torn by a
+    /// flush between their halves).
     pub fn write<T: Serialize>(&mut self, rec: &T) -> Result<()> {
-        let line =
+        self.line.clear();
+        let json =
             serde_json::to_string(rec).map_err(|e| Error::Output { path: self.path.clone(), msg: e.to_string() })?;
-        writeln!(self.out, "{line}").map_err(|e| Error::io(&self.path, e))
+        self.line.push_str(&json);
+        self.line.push('\n');
+        self.out.write_all(self.line.as_bytes()).map_err(|e| Error::io(&self.path, e))
     }
     pub fn flush(&mut self) -> Result<()> {
         self.out.flush().map_err(|e| Error::io(&self.path, e))
@@ -157,18 +201,38 @@ pub fn read_records(path: &Path) -> Result<Vec<IterRecord>> {
 
 /// Straggler statistics from a run's records.
 pub fn straggler_report(records: &[IterRecord]) -> StragglerReport {
-    let world = records.first().map_or(0, |r| r.batch_sizes.len());
-    let n = records.len().max(1) as f64;
-    let mut rep = StragglerReport {
-        mean_compute_s: vec![0.0; world],
-        slowest_fraction: vec![0.0; world],
-        bsp_wait_s: vec![0.0; world],
-        actual_wait_s: vec![0.0; world],
-    };
-    for r in records {
+    let mut tally = StragglerTally::default();
+    records.iter().for_each(|r| tally.add(r));
+    tally.report()
+}
+
+/// The sums behind a [`StragglerReport`], added to one record at a time: a run keeps this, not its
+/// records, so its memory stays flat however long it runs.
+#[derive(Debug, Clone, Default)]
+pub struct StragglerTally {
+    iterations: usize,
+    compute_s: Vec<f64>,
+    slowest: Vec<usize>,
+    bsp_wait_s: Vec<f64>,
+    actual_wait_s: Vec<f64>,
+}
+
+impl StragglerTally {
+    pub fn add(&mut self, r: &IterRecord) {
+        let world = r.batch_sizes.len();
+        if self.iterations == 0 {
+            *self = StragglerTally {
+                iterations: 0,
+                compute_s: vec![0.0; world],
+                slowest: vec![0; world],
+                bsp_wait_s: vec![0.0; world],
+                actual_wait_s: vec![0.0; world],
+            };
+        }
+        self.iterations += 1;
         if let Some((k, wait)) = straggler(&r.compute_s) {
-            rep.slowest_fraction[k] += 1.0 / n;
-            rep.actual_wait_s[k] += wait;
+            self.slowest[k] += 1;
+            self.actual_wait_s[k] += wait;
         }
         // Under an equal split each rank would take B/N · (its seconds per sample).
         let b_eq = r.global_batch as f64 / world as f64;
@@ -179,13 +243,22 @@ pub fn straggler_report(records: &[IterRecord]) -> StragglerReport {
             .map(|(&c, &b)| if b > 0 { c / b as f64 * b_eq } else { 0.0 })
             .collect();
         if let Some((k, wait)) = straggler(&eq) {
-            rep.bsp_wait_s[k] += wait;
+            self.bsp_wait_s[k] += wait;
         }
-        for (m, c) in rep.mean_compute_s.iter_mut().zip(&r.compute_s) {
-            *m += c / n;
+        for (m, c) in self.compute_s.iter_mut().zip(&r.compute_s) {
+            *m += c;
         }
     }
-    rep
+
+    pub fn report(&self) -> StragglerReport {
+        let n = self.iterations.max(1) as f64;
+        StragglerReport {
+            mean_compute_s: self.compute_s.iter().map(|c| c / n).collect(),
+            slowest_fraction: self.slowest.iter().map(|&k| k as f64 / n).collect(),
+            bsp_wait_s: self.bsp_wait_s.clone(),
+            actual_wait_s: self.actual_wait_s.clone(),
+        }
+    }
 }
 
 /// The slowest rank and how long the others wait on it on average.

@@ -39,7 +39,7 @@ use crate::profile::CpuSampler;
 use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
 use crate::train::aids::{check_slowdowns, stretch, Replay};
 use crate::train::checkpoint::{Progress, Snapshot};
-use crate::train::metrics::{straggler_report, EvalResult, IterRecord, JsonlWriter, Summary};
+use crate::train::metrics::{EvalResult, IterRecord, JsonlWriter, StragglerTally, Summary};
 use crate::train::optim::Optimizer;
 use crate::train::recipe::Recipe;
 use std::path::PathBuf;
@@ -74,6 +74,8 @@ pub struct Run<'a> {
     sampler: CpuSampler,
     replay: Option<Replay>,
     obs: Vec<Observation>,
+    /// This rank's wait and transfer in its last collective: they travel with the next one.
+    last_sync: SyncTime,
     pub progress: Progress,
     /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
     iters_per_epoch: usize,
@@ -123,6 +125,7 @@ impl<'a> Run<'a> {
             sampler: CpuSampler::new(),
             replay,
             obs: Vec::with_capacity(world),
+            last_sync: SyncTime::default(),
             progress,
             iters_per_epoch,
             planned,
@@ -132,8 +135,9 @@ impl<'a> Run<'a> {
 
     /// One iteration on `batch` (sample ids of the global batch, from `epoch`'s permutation): this
     /// rank computes its slice's share of the gradient, the ranks take the distributed step, and the
-    /// balancer observes every rank's size and time. Returns the iteration's record (this rank's
-    /// wait and transfer times only: the others' are known after the run, see `fill_late_columns`).
+    /// balancer observes every rank's size and time. Returns the iteration's record without its
+    /// wait and transfer columns: those are known once the collective is over and travel with the
+    /// next iteration's (see [`Run::late_columns`]).
     pub fn step(&mut self, batch: &[usize], epoch: usize) -> Result<IterRecord> {
         let (rank, iter) = (self.comm.rank(), self.progress.step);
         let t_iter = Instant::now();
@@ -165,9 +169,11 @@ impl<'a> Run<'a> {
             loss_sum: local.loss_sum,
             interference_s: cpu.interference_s,
             cpu_share: cpu.cpu_share,
+            prev_sync: self.last_sync,
         };
 
         let took = self.distributed_step(&mine, lr); // ---- the distributed step ----
+        self.last_sync = took;
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
@@ -179,7 +185,22 @@ impl<'a> Run<'a> {
             cpu_share: s.cpu_share / threads,
         }));
         self.balancer.observe(&self.obs);
-        Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes, took))
+        Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
+    }
+
+    /// Every rank's wait and transfer seconds in the collective of the iteration before the last
+    /// [`Run::step`], as gathered with that step's stats.
+    pub fn late_columns(&self) -> (Vec<f64>, Vec<f64>) {
+        self.sync.stats.iter().map(|s| (s.prev_sync.wait_s, s.prev_sync.comm_s)).unzip()
+    }
+
+    /// Every rank's wait and transfer seconds in the last iteration's collective: one small
+    /// all-gather, for the last record of a run (every rank calls it).
+    pub fn last_columns(&self) -> (Vec<f64>, Vec<f64>) {
+        let world = self.comm.world_size();
+        let mut all = vec![0.0; 2 * world];
+        self.comm.all_gather_into(&[self.last_sync.wait_s, self.last_sync.comm_s], &mut all);
+        all.chunks_exact(2).map(|c| (c[0], c[1])).unzip()
     }
 
     /// Rayon threads of this rank: the recipe's, else the pool's.
@@ -211,7 +232,6 @@ impl<'a> Run<'a> {
         (unix_s, iter_s): (f64, f64),
         lr: f32,
         batch_sizes: Vec<usize>,
-        took: SyncTime,
     ) -> IterRecord {
         let stats = &self.sync.stats;
         let global_batch: usize = batch_sizes.iter().sum();
@@ -224,8 +244,8 @@ impl<'a> Run<'a> {
             global_batch,
             batch_sizes,
             compute_s: stats.iter().map(|s| s.compute_s).collect(),
-            wait_s: vec![took.wait_s],
-            comm_s: vec![took.comm_s],
+            wait_s: Vec::new(),
+            comm_s: Vec::new(),
             interference_s: stats.iter().map(|s| s.interference_s).collect(),
             cpu_share: stats.iter().map(|s| s.cpu_share).collect(),
             iter_s,
@@ -266,8 +286,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     let mut run = Run::new(recipe, data, comm, opts)?;
     let mut out = Outputs::new(&run, opts)?;
     let (start, started) = (run.progress.step, Instant::now());
-    let mut records: Vec<IterRecord> = Vec::with_capacity(run.total_iters.saturating_sub(start));
-    let mut train_s = 0.0;
+    let mut tally = Tally::default();
     // (iteration, loss, lr) of a non-finite loss: the same on every rank (the loss is summed from the
     // gathered stats), so all ranks stop together.
     let mut diverged: Option<(usize, f64, f32)> = None;
@@ -282,16 +301,17 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
                 break 'epochs;
             }
             let rec = run.step(plan.batch(t), epoch)?;
-            train_s += rec.iter_s;
+            tally.add(&rec);
             run.progress.epoch_loss.0 += rec.loss;
             run.progress.epoch_loss.1 += 1;
-            out.iteration(&rec);
-            if !rec.loss.is_finite() {
+            let finite = rec.loss.is_finite();
+            if !finite {
                 diverged = Some((rec.iter, rec.loss, rec.lr));
-                records.push(rec);
+            }
+            out.iteration(rec, run.late_columns())?;
+            if !finite {
                 break 'epochs;
             }
-            records.push(rec);
             run.progress.step += 1;
             run.progress.batch_in_epoch = t + 1;
             out.checkpoint_if_due(&mut run)?;
@@ -302,21 +322,36 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         run.progress.batch_in_epoch = 0;
     }
     out.bar.finish_and_clear();
+    out.last_record(run.last_columns())?;
     if diverged.is_none() && run.progress.step > start {
         out.final_checkpoint(&mut run)?;
     }
-    // Wait and transfer times are per rank but only known after the iteration's collective, so
-    // they are gathered once at the end (one collective, not one per iteration).
-    fill_late_columns(&mut records, comm);
-    out.write_metrics(&records)?;
     if let Some((iter, loss, lr)) = diverged {
         return Err(Error::Diverged { iter, loss, lr });
     }
-    Ok(summary(&mut run, &records, (started, train_s)))
+    Ok(summary(&mut run, &tally, (started, tally.train_s)))
+}
+
+/// What a run's summary needs of its records, kept instead of them.
+#[derive(Default)]
+struct Tally {
+    samples: usize,
+    train_s: f64,
+    final_loss: Option<f64>,
+    stragglers: StragglerTally,
+}
+
+impl Tally {
+    fn add(&mut self, rec: &IterRecord) {
+        self.samples += rec.global_batch;
+        self.train_s += rec.iter_s;
+        self.final_loss = Some(rec.loss);
+        self.stragglers.add(rec);
+    }
 }
 
 /// The summary of a finished run, after its final evaluation (if the last epoch had none).
-fn summary(run: &mut Run, records: &[IterRecord], (started, train_s): (Instant, f64)) -> Summary {
+fn summary(run: &mut Run, tally: &Tally, (started, train_s): (Instant, f64)) -> Summary {
     let epochs_run = run.progress.epoch;
     if run.progress.evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
         let ev = run.evaluate(epochs_run.saturating_sub(1));
@@ -324,7 +359,6 @@ fn summary(run: &mut Run, records: &[IterRecord], (started, train_s): (Instant, 
     }
     let last = *run.progress.evals.last().expect("evaluated at least once");
     let (loss_sum, n) = run.progress.epoch_loss;
-    let samples: usize = records.iter().map(|r| r.global_batch).sum();
     Summary {
         recipe: run.recipe.name.clone(),
         policy: run.recipe.balance.policy,
@@ -335,12 +369,12 @@ fn summary(run: &mut Run, records: &[IterRecord], (started, train_s): (Instant, 
         epochs: epochs_run,
         test_accuracy: last.accuracy,
         test_loss: last.loss,
-        final_loss: records.last().map_or(f64::NAN, |r| r.loss),
+        final_loss: tally.final_loss.unwrap_or(f64::NAN),
         last_epoch_loss: loss_sum / n.max(1) as f64,
         wall_s: started.elapsed().as_secs_f64(),
-        samples_per_s: samples as f64 / train_s.max(1e-9),
+        samples_per_s: tally.samples as f64 / train_s.max(1e-9),
         evals: run.progress.evals.clone(),
-        stragglers: straggler_report(records),
+        stragglers: tally.stragglers.report(),
     }
 }
 
@@ -351,6 +385,8 @@ struct Outputs {
     progress: bool,
     rank0: bool,
     metrics: Option<JsonlWriter>,
+    /// The last iteration's record, written once its wait and transfer columns arrive.
+    pending: Option<IterRecord>,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: Option<usize>,
     last_saved: Option<usize>,
@@ -361,8 +397,9 @@ impl Outputs {
         let rank0 = run.comm.rank() == 0;
         let bar = progress_bar(rank0 && opts.progress, run.total_iters);
         bar.set_position(run.progress.step.min(run.total_iters) as u64);
-        let metrics = match (&opts.metrics, rank0) {
-            (Some(p), true) => Some(JsonlWriter::create(p)?),
+        let metrics = match (&opts.metrics, rank0, &opts.resume) {
+            (Some(p), true, None) => Some(JsonlWriter::streaming(p)?),
+            (Some(p), true, Some(_)) => Some(JsonlWriter::resume_records(p, run.progress.step)?),
             _ => None,
         };
         Ok(Outputs {
@@ -370,19 +407,37 @@ impl Outputs {
             progress: opts.progress,
             rank0,
             metrics,
+            pending: None,
             checkpoint_dir: opts.checkpoint_dir.clone(),
             checkpoint_every: opts.checkpoint_every,
             last_saved: None,
         })
     }
 
-    fn iteration(&self, rec: &IterRecord) {
+    /// Shows `rec`, and writes the record before it now that its late columns (`wait_s`, `comm_s`
+    /// of every rank) have come with `rec`'s stats.
+    fn iteration(&mut self, rec: IterRecord, late: (Vec<f64>, Vec<f64>)) -> Result<()> {
         self.bar.set_position(rec.iter as u64 + 1);
         if !self.bar.is_hidden() {
             self.bar.set_message(format!(
                 "loss {:.4}  {:.0} samples/s  b={:?}",
                 rec.loss, rec.samples_per_s, rec.batch_sizes
             ));
+        }
+        let done = self.pending.replace(rec);
+        self.write(done, late)
+    }
+
+    /// Writes the run's last record, with `last` its late columns.
+    fn last_record(&mut self, last: (Vec<f64>, Vec<f64>)) -> Result<()> {
+        let done = self.pending.take();
+        self.write(done, last)
+    }
+
+    fn write(&mut self, rec: Option<IterRecord>, (wait_s, comm_s): (Vec<f64>, Vec<f64>)) -> Result<()> {
+        match (rec, self.metrics.as_mut()) {
+            (Some(rec), Some(w)) => w.write(&IterRecord { wait_s, comm_s, ..rec }),
+            _ => Ok(()),
         }
     }
 
@@ -432,16 +487,6 @@ impl Outputs {
         }
         run.progress.evals.push(ev);
     }
-
-    fn write_metrics(&mut self, records: &[IterRecord]) -> Result<()> {
-        if let Some(w) = self.metrics.as_mut() {
-            for r in records {
-                w.write(r)?;
-            }
-            w.flush()?;
-        }
-        Ok(())
-    }
 }
 
 /// Loss and accuracy on `test`, each rank taking a contiguous shard, reduced over ranks.
@@ -480,19 +525,6 @@ fn continued_balancer(fresh: Balancer, r: &checkpoint::Resumed, rank0: bool) -> 
         eprintln!("lbbsp: {} {why}: the balancer restarts from the equal split", r.dir.display());
     }
     fresh
-}
-
-/// Replaces each record's one-element `wait_s`/`comm_s` (this rank's) with the per-rank arrays.
-fn fill_late_columns(records: &mut [IterRecord], comm: &dyn Communicator) {
-    let world = comm.world_size();
-    let mine: Vec<f64> = records.iter().flat_map(|r| [r.wait_s[0], r.comm_s[0]]).collect();
-    let mut all = vec![0.0; mine.len() * world];
-    comm.all_gather_into(&mine, &mut all);
-    let per_rank = mine.len();
-    for (i, r) in records.iter_mut().enumerate() {
-        r.wait_s = (0..world).map(|k| all[k * per_rank + 2 * i]).collect();
-        r.comm_s = (0..world).map(|k| all[k * per_rank + 2 * i + 1]).collect();
-    }
 }
 
 fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
