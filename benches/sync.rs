@@ -82,7 +82,14 @@ fn measure(comm: &Mpi, n: usize, reps: usize) -> Vec<f64> {
     let mut summed = vec![0.0f32; n];
     // Each method has its own `GradSync`, as a loop would.
     let (mut sharded, mut whole) = (GradSync::new(n, world), GradSync::new(n, world));
-    let mine = RankStats { batch: 64, compute_s: 1e-3, loss_sum: 140.0, interference_s: 0.0, cpu_share: 1.0, ..Default::default() };
+    let mine = RankStats {
+        batch: 64,
+        compute_s: 1e-3,
+        loss_sum: 140.0,
+        interference_s: 0.0,
+        cpu_share: 1.0,
+        ..Default::default()
+    };
     let mut times = vec![0.0f64; reps * METHODS.len()];
     let mut run = |m: usize, grads: &mut Vec<f32>| match m {
         0 => comm.world().all_reduce_into(&grads[..], &mut summed[..], SystemOperation::sum()),

@@ -71,6 +71,7 @@ fn main() -> anyhow::Result<()> {
                 loss_sum,
                 interference_s: s.interference_s,
                 cpu_share: s.cpu_share,
+                ..RankStats::default()
             };
 
             // ---- The distributed step ----: Σ_ranks (gradient sum / B) = the exact mean gradient

@@ -28,6 +28,10 @@ pub enum Error {
     Config { field: String, msg: String },
     #[error("communicator: {0}")]
     Comm(String),
+    /// Ranks were launched differently (recipe, build, data, world). Every rank returns it, with
+    /// the same verdict, so none is left waiting and one report suffices.
+    #[error("the ranks were not launched alike: {0}")]
+    Mismatch(String),
     #[error("{path}: {msg}")]
     Output { path: PathBuf, msg: String },
     /// A checkpoint or weights file is missing, damaged, or was written for another model.
@@ -51,6 +55,11 @@ impl Error {
     }
     pub fn config(field: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Config { field: field.into(), msg: msg.into() }
+    }
+    /// Whether every rank returns this error at the same point with the same text (a collective
+    /// verdict): one rank's report is then enough and no rank needs aborting.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Error::Mismatch(_) | Error::Diverged { .. })
     }
 }
 

@@ -13,6 +13,9 @@ pub trait Communicator {
     fn world_size(&self) -> usize;
     /// Ranks sharing this node (used to size the per-rank thread pool).
     fn local_size(&self) -> usize;
+    /// What this rank is doing, for its flight record: a [`Watched`](crate::dist::watchdog::Watched)
+    /// communicator keeps it and names it when a collective hangs; others ignore it.
+    fn note(&self, _iter: usize, _phase: crate::dist::watchdog::Phase) {}
     fn barrier(&self);
     /// `recv = Σ_ranks send`, element-wise.
     fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]);
@@ -39,6 +42,19 @@ pub trait Communicator {
 /// This rank's block of a `len`-float buffer cut at `split` (see `ring::block`).
 pub fn my_block(comm: &dyn Communicator, len: usize, split: usize) -> std::ops::Range<usize> {
     ring::block(len, split, comm.world_size(), comm.rank())
+}
+
+/// Sends `bytes` from `root` to every rank (a collective; the others' `bytes` are ignored). The
+/// communicator moves f32s: the length goes as two 20-bit halves and every byte as one f32, both
+/// exact.
+pub fn broadcast_bytes(comm: &dyn Communicator, root: usize, bytes: Vec<u8>) -> Vec<u8> {
+    let n = bytes.len();
+    let mut len = [(n & 0xF_FFFF) as f32, (n >> 20) as f32];
+    comm.broadcast_into(root, &mut len);
+    let n = len[0] as usize | (len[1] as usize) << 20;
+    let mut buf: Vec<f32> = if comm.rank() == root { bytes.iter().map(|&b| b as f32).collect() } else { vec![0.0; n] };
+    comm.broadcast_into(root, &mut buf);
+    buf.iter().map(|&f| f as u8).collect()
 }
 
 /// The one-rank communicator: every collective is a copy.
@@ -239,6 +255,27 @@ mod tests {
             assert_eq!(sum, vec![3.0, 3.0]);
             assert_eq!(b, vec![1.0, 1.0]);
             assert_eq!(g, vec![0.0, 0.0, 1.0, 10.0, 2.0, 20.0]);
+        }
+    }
+
+    #[test]
+    fn bytes_cross_the_local_communicator_from_any_root() {
+        let group = Local::group(3);
+        let out: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mine = if c.rank() == 1 { (0..=255u8).cycle().take(70_000).collect() } else { Vec::new() };
+                        broadcast_bytes(c, 1, mine)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for o in &out {
+            assert_eq!(o.len(), 70_000);
+            assert!(o.iter().enumerate().all(|(i, &b)| b == (i % 256) as u8));
         }
     }
 }

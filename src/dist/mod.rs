@@ -12,6 +12,7 @@ pub(crate) mod ring;
 #[cfg(feature = "mpi")]
 pub(crate) mod shm;
 pub mod sync;
+pub mod watchdog;
 
 use comm::Communicator;
 

@@ -21,7 +21,7 @@
 //! previous checkpoint.
 
 use crate::balance::Balancer;
-use crate::dist::comm::Communicator;
+use crate::dist::comm::{broadcast_bytes, Communicator};
 use crate::error::{Error, Result};
 use crate::nn::model::Model;
 use crate::nn::params::ParamTable;
@@ -466,7 +466,7 @@ pub fn resume(
     } else {
         None
     };
-    let json = broadcast_bytes(comm, json);
+    let json = broadcast_bytes(comm, 0, json);
     let (dir, state): (PathBuf, TrainingState) =
         serde_json::from_slice(&json).map_err(|e| Error::Comm(format!("receiving the checkpoint: {e}")))?;
     if let Some(c) = &loaded {
@@ -512,18 +512,6 @@ fn check_compatible(dir: &Path, state: &TrainingState, recipe: &Recipe, kind: Op
         ));
     }
     Ok(())
-}
-
-/// Sends `bytes` from rank 0 to every rank. The communicator moves f32s: the length goes as two
-/// 20-bit halves and every byte as one f32, both exact.
-fn broadcast_bytes(comm: &dyn Communicator, bytes: Vec<u8>) -> Vec<u8> {
-    let n = bytes.len();
-    let mut len = [(n & 0xF_FFFF) as f32, (n >> 20) as f32];
-    comm.broadcast_into(0, &mut len);
-    let n = len[0] as usize | (len[1] as usize) << 20;
-    let mut buf: Vec<f32> = if comm.rank() == 0 { bytes.iter().map(|&b| b as f32).collect() } else { vec![0.0; n] };
-    comm.broadcast_into(0, &mut buf);
-    buf.iter().map(|&f| f as u8).collect()
 }
 
 #[cfg(test)]
@@ -645,28 +633,5 @@ mod tests {
         assert!(e.contains("step-3") && e.contains("--resume"), "{e}");
         assert!(is_step_dir(&root.join("step-3")) && !is_step_dir(&root));
         assert_eq!(root_of(&root.join("step-3")), root);
-    }
-
-    #[test]
-    fn bytes_cross_the_local_communicator() {
-        let group = crate::dist::comm::Local::group(3);
-        let out: Vec<Vec<u8>> = std::thread::scope(|s| {
-            let hs: Vec<_> = group
-                .iter()
-                .map(|c| {
-                    s.spawn(move || {
-                        broadcast_bytes(
-                            c,
-                            if c.rank() == 0 { (0..=255u8).cycle().take(70_000).collect() } else { Vec::new() },
-                        )
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for o in &out {
-            assert_eq!(o.len(), 70_000);
-            assert!(o.iter().enumerate().all(|(i, &b)| b == (i % 256) as u8));
-        }
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod aids;
 pub mod checkpoint;
+pub mod consistency;
 pub mod footprint;
 pub mod metrics;
 pub mod optim;
@@ -32,6 +33,7 @@ use crate::balance::{Balancer, Observation};
 use crate::data::dataset::{Dataset, Splits};
 use crate::dist::comm::Communicator;
 use crate::dist::sync::{GradSync, RankStats, SyncTime};
+use crate::dist::watchdog::Phase;
 use crate::error::{Error, Result};
 use crate::nn::layers::Mode;
 use crate::nn::model::Model;
@@ -90,7 +92,9 @@ impl<'a> Run<'a> {
     pub fn new(recipe: &'a Recipe, data: &'a Splits, comm: &'a dyn Communicator, opts: &RunOptions) -> Result<Run<'a>> {
         let (rank, world) = (comm.rank(), comm.world_size());
         let cfg = &recipe.train;
+        comm.note(0, Phase::Start);
         let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
+        consistency::check(comm, recipe, data)?;
         let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
         model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
         comm.broadcast_into(0, &mut model.params);
@@ -150,6 +154,7 @@ impl<'a> Run<'a> {
             None => rescale(self.balancer.sizes(), batch.len()),
         };
         let slice = &batch[slice_for(&sizes, rank)];
+        self.comm.note(iter, Phase::Compute);
         let lr = self.recipe.optimizer.lr_at(iter, self.iters_per_epoch, self.planned);
 
         // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, so that the sum over
@@ -172,6 +177,7 @@ impl<'a> Run<'a> {
             prev_sync: self.last_sync,
         };
 
+        self.comm.note(iter, Phase::Sync);
         let took = self.distributed_step(&mine, lr); // ---- the distributed step ----
         self.last_sync = took;
 
@@ -255,12 +261,14 @@ impl<'a> Run<'a> {
 
     /// Loss and accuracy of the current parameters on the test split (every rank takes part).
     pub fn evaluate(&mut self, epoch: usize) -> EvalResult {
+        self.comm.note(self.progress.step, Phase::Evaluate);
         evaluate(&mut self.model, &self.data.test, self.comm, epoch)
     }
 
     /// Writes a checkpoint of where the run stands into `dir` (rank 0). Every rank takes part: the
     /// optimizer's state is current only on each rank's own block until gathered.
     pub fn save(&mut self, dir: &std::path::Path) -> Result<()> {
+        self.comm.note(self.progress.step, Phase::Checkpoint);
         for (_, buf) in self.opt.buffers_mut() {
             let n = buf.len();
             self.comm.all_gather_blocks(buf, n);

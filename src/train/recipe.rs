@@ -31,7 +31,7 @@ pub struct Recipe {
 /// The `[runtime]` section: how a rank computes and communicates. It does not change what is
 /// computed (tiers agree to float rounding), but it changes every timing, so the resolved recipe
 /// written next to a result holds the values the run used (`auto` resolved).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// The kernels' instruction-set tier: `auto` (the best this CPU has), `avx512`, `avx2` or
@@ -46,6 +46,23 @@ pub struct RuntimeConfig {
     /// Test aid: ranks whose compute time is stretched (`["1:3.0@30"]`: rank 1, 3× from
     /// iteration 30), to make a deterministic straggler. `--slowdown` adds to it.
     pub slowdown: Vec<crate::train::aids::Slowdown>,
+    /// Seconds a rank may wait inside one collective before its watchdog ends the job, naming the
+    /// ranks that did not arrive and what each was last doing (`crate::dist::watchdog`); 0: never.
+    pub collective_timeout_s: f64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> RuntimeConfig {
+        RuntimeConfig {
+            isa: IsaChoice::default(),
+            threads: None,
+            allreduce: AllreduceChoice::default(),
+            slowdown: Vec::new(),
+            // Long enough for a slow rank's evaluation or rank 0's checkpoint write, short enough
+            // that a hung job is noticed within minutes.
+            collective_timeout_s: 300.0,
+        }
+    }
 }
 
 /// The `[train]` section.
@@ -112,6 +129,13 @@ impl Recipe {
             if !(f > 0.0 && f < 1.0) {
                 return Err(Error::config("data.test_fraction", format!("must be in (0, 1), got {f}")));
             }
+        }
+        let t = self.runtime.collective_timeout_s;
+        if !(t >= 0.0 && t.is_finite()) {
+            return Err(Error::config(
+                "runtime.collective_timeout_s",
+                format!("{t} is not a number of seconds ≥ 0 (0 turns the watchdog off)"),
+            ));
         }
         if self.runtime.threads == Some(0) {
             return Err(Error::config("runtime.threads", "must be at least 1 (leave it unset for one per core)"));
@@ -282,6 +306,7 @@ mod tests {
             ("runtime.allreduce=tree", "runtime.allreduce"),
             ("runtime.slowdown=[\"1-3\"]", "RANK:FACTOR"),
             ("runtime.threads=0", "runtime.threads"),
+            ("runtime.collective_timeout_s=-1", "runtime.collective_timeout_s"),
             ("runtime.cores=2", "cores"),
         ] {
             let e = Recipe::parse(DIGITS, Path::new("x.toml"), &[set.into()]).unwrap_err().to_string();

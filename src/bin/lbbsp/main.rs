@@ -11,6 +11,7 @@ use bench::Workload;
 use clap::{Parser, Subcommand};
 use lbbsp::dist::comm::{AllreduceChoice, Communicator};
 use lbbsp::dist::mpi::Mpi;
+use lbbsp::dist::watchdog::{exit_on_timeout, Watched};
 use lbbsp::train::footprint::Footprint;
 use lbbsp::train::metrics::write_json;
 use lbbsp::train::recipe::RuntimeConfig;
@@ -269,7 +270,13 @@ fn on_ranks(f: impl FnOnce(&mut Mpi) -> Result<()>) -> Result<()> {
     let mut comm = Mpi::init()?;
     let result = f(&mut comm);
     if let Err(e) = &result {
-        if comm.world_size() > 1 {
+        let collective = e.downcast_ref::<lbbsp::error::Error>().is_some_and(|e| e.is_collective());
+        if collective && comm.rank() != 0 {
+            // Every rank has the same verdict and rank 0 reports it: leave MPI in order, quietly.
+            drop(comm);
+            std::process::exit(1);
+        }
+        if !collective && comm.world_size() > 1 {
             // Other ranks may be blocked in a collective: take the whole job down with a message.
             eprintln!("error on rank {}: {e:#}", comm.rank());
             comm.abort(1);
@@ -285,7 +292,8 @@ fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()>
         bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
     }
     let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
-    let comm = &*comm;
+    let watched = Watched::new(&*comm, recipe.runtime.collective_timeout_s, exit_on_timeout())?;
+    let comm: &dyn Communicator = &watched;
     // Fail on the recipe/bounds before spending time on data.
     lbbsp::Balancer::new(&recipe.balance, recipe.train.global_batch, comm.world_size())?;
     lbbsp::train::aids::check_slowdowns(&recipe.runtime.slowdown, comm.world_size())?;
@@ -353,7 +361,8 @@ fn bench_on(comm: &mut Mpi, args: &BenchArgs, w: Workload, flags: RuntimeFlags) 
     let set = [format!("train.max_iters={}", args.iters), format!("train.epochs={}", args.iters)];
     let mut recipe = lbbsp::train::recipe::resolve(w.recipe(), &set)?;
     let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
-    let comm = &*comm;
+    let watched = Watched::new(&*comm, recipe.runtime.collective_timeout_s, exit_on_timeout())?;
+    let comm: &dyn Communicator = &watched;
     let data = lbbsp::data::load::load(&recipe.data, Path::new("."))?;
     let metrics = std::env::temp_dir().join(format!("lbbsp-bench-{}.jsonl", std::process::id()));
     let opts = RunOptions { metrics: Some(metrics.clone()), ..RunOptions::default() };
