@@ -32,6 +32,9 @@ pub enum Error {
     /// the same verdict, so none is left waiting and one report suffices.
     #[error("the ranks were not launched alike: {0}")]
     Mismatch(String),
+    /// An error of one rank's that every rank was told of (see `dist::comm::share_outcome`).
+    #[error("on rank {rank}: {msg}")]
+    OnRank { rank: usize, msg: String },
     #[error("{path}: {msg}")]
     Output { path: PathBuf, msg: String },
     /// A checkpoint or weights file is missing, damaged, or was written for another model.
@@ -59,7 +62,7 @@ impl Error {
     /// Whether every rank returns this error at the same point with the same text (a collective
     /// verdict): one rank's report is then enough and no rank needs aborting.
     pub fn is_collective(&self) -> bool {
-        matches!(self, Error::Mismatch(_) | Error::Diverged { .. })
+        matches!(self, Error::Mismatch(_) | Error::Diverged { .. } | Error::OnRank { .. })
     }
 }
 

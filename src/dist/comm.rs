@@ -57,6 +57,22 @@ pub fn broadcast_bytes(comm: &dyn Communicator, root: usize, bytes: Vec<u8>) -> 
     buf.iter().map(|&f| f as u8).collect()
 }
 
+/// Makes `root`'s outcome everyone's (a collective): when `root` failed, every rank returns
+/// [`Error::OnRank`] with its message, so an error on one rank (rank 0 writing a checkpoint onto a
+/// full disk, say) stops all ranks at the same point instead of leaving them in the next collective.
+pub fn share_outcome(comm: &dyn Communicator, root: usize, outcome: Result<()>) -> Result<()> {
+    let msg = match (&outcome, comm.rank() == root) {
+        (Err(e), true) => e.to_string().into_bytes(),
+        _ => Vec::new(),
+    };
+    let msg = broadcast_bytes(comm, root, msg);
+    if msg.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::OnRank { rank: root, msg: String::from_utf8_lossy(&msg).into_owned() })
+    }
+}
+
 /// The one-rank communicator: every collective is a copy.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Solo;

@@ -7,8 +7,9 @@
 //! - `optimizer.safetensors`: the optimizer's buffers, tensor `<buffer>.<parameter>` (e.g.
 //!   `exp_avg.layers.1.weight`), shaped like the parameter;
 //! - `state.json` ([`TrainingState`]): position (step, epoch, batch within the epoch), optimizer
-//!   step count, [`Balancer`], seed, world size, the resolved recipe as TOML, and the size and
-//!   sha256 of both tensor files.
+//!   step count, [`Balancer`], seed, world size, the resolved recipe as TOML, the size and sha256
+//!   of both tensor files, the lbbsp version that wrote it, and its own sha256 (of the state as
+//!   written with an empty `checksum`).
 //!
 //! The training loop is deterministic given the parameters, the optimizer state, the position in the
 //! epoch permutation and the balancer state: every random stream is keyed by the seed, the epoch and
@@ -40,8 +41,9 @@ use std::path::{Path, PathBuf};
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
-/// Version of the checkpoint layout, stored in `state.json`.
-pub const FORMAT: u32 = 1;
+/// Version of the checkpoint layout, stored in `state.json`. Format 2 added `checksum` and
+/// `written_by`.
+pub const FORMAT: u32 = 2;
 /// How random streams are derived (all keyed by integers, none stateful).
 pub const RNG_SCHEME: &str = "keyed-xoshiro256**: init [seed, 0x1417, layer], epoch permutation [seed, 0xE90C, epoch], per-sample [seed, epoch, sample]";
 
@@ -88,6 +90,12 @@ pub struct TrainingState {
     /// The resolved recipe, as TOML.
     pub recipe: String,
     pub files: Vec<FileDigest>,
+    /// The lbbsp version that wrote it.
+    #[serde(default)]
+    pub written_by: String,
+    /// sha256 of this state serialised with `checksum` empty (see [`state_json`]).
+    #[serde(default)]
+    pub checksum: String,
 }
 
 /// What [`save`] writes.
@@ -230,8 +238,10 @@ pub fn save(root: &Path, snap: &Snapshot<'_>) -> Result<PathBuf> {
         rng: RngState { seed: snap.recipe.train.seed, scheme: RNG_SCHEME.to_string() },
         recipe: snap.recipe.to_toml(),
         files: vec![digest(MODEL_FILE, &model), digest(OPTIMIZER_FILE, &opt)],
+        written_by: env!("CARGO_PKG_VERSION").to_string(),
+        checksum: String::new(),
     };
-    let json = serde_json::to_vec_pretty(&state).map_err(|e| err(dest.join(STATE_FILE), e.to_string()))?;
+    let json = state_json(&dest.join(STATE_FILE), state)?;
 
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
     let pid = std::process::id();
@@ -328,16 +338,69 @@ fn from_safetensors(path: &Path, bytes: &[u8], table: &ParamTable, prefixes: &[&
     Ok(out)
 }
 
-/// Reads `dir/state.json`.
+/// `state` as the bytes of `state.json`, its `checksum` set: the sha256 of the same
+/// serialisation with `checksum` empty. Serialising what was read gives the same bytes (fields in
+/// declaration order, floats round-trip exactly), which is how [`read_state`] checks it.
+fn state_json(path: &Path, mut state: TrainingState) -> Result<Vec<u8>> {
+    state.checksum = String::new();
+    let bare = serde_json::to_vec_pretty(&state).map_err(|e| err(path, e.to_string()))?;
+    state.checksum = hex(&Sha256::digest(&bare));
+    serde_json::to_vec_pretty(&state).map_err(|e| err(path, e.to_string()))
+}
+
+/// Reads `dir/state.json`, checking its format and its own checksum.
 pub fn read_state(dir: &Path) -> Result<TrainingState> {
     let path = dir.join(STATE_FILE);
     let text = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    // The format first, alone: a state of another format may not parse as this one.
+    #[derive(Deserialize)]
+    struct Head {
+        format: u32,
+        #[serde(default)]
+        written_by: String,
+    }
+    let head: Head = serde_json::from_slice(&text)
+        .map_err(|e| err(&path, format!("not a valid training state ({e}): truncated or corrupted?")))?;
+    if head.format != FORMAT {
+        let by = if head.written_by.is_empty() {
+            "an older lbbsp".to_string()
+        } else {
+            format!("lbbsp {}", head.written_by)
+        };
+        return Err(err(
+            &path,
+            format!(
+                "checkpoint format {} (written by {by}) is not format {FORMAT}, the one lbbsp {} reads: resume it with \
+                 the lbbsp that wrote it, or start afresh",
+                head.format,
+                env!("CARGO_PKG_VERSION")
+            ),
+        ));
+    }
     let state: TrainingState = serde_json::from_slice(&text)
         .map_err(|e| err(&path, format!("not a valid training state ({e}): truncated or corrupted?")))?;
-    if state.format != FORMAT {
-        return Err(err(&path, format!("checkpoint format {} is not the supported format {FORMAT}", state.format)));
+    let recorded = state.checksum.clone();
+    let expected = state_json(&path, state.clone())?;
+    if expected != text {
+        return Err(err(
+            &path,
+            format!("corrupted or edited: its content does not match the sha256 {recorded} it records"),
+        ));
     }
     Ok(state)
+}
+
+/// Removes all but the newest `keep` checkpoints in `root` (at least one is always kept).
+pub fn keep_newest(root: &Path, keep: usize) -> Result<()> {
+    for (_, dir) in list(root)?.into_iter().skip(keep.max(1)) {
+        // Renamed out of the `step-<n>` namespace first, so a crash midway never leaves a
+        // half-removed folder that looks like a checkpoint.
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let doomed = root.join(format!(".{name}.removing-{}", std::process::id()));
+        std::fs::rename(&dir, &doomed).map_err(|e| Error::io(&dir, e))?;
+        std::fs::remove_dir_all(&doomed).map_err(|e| Error::io(&doomed, e))?;
+    }
+    Ok(())
 }
 
 /// Reads and verifies the checkpoint in `dir` for a model laid out as `table` and an optimizer with
@@ -577,6 +640,46 @@ mod tests {
         // Same content, same bytes.
         let again = write(&scratch("roundtrip2"), 7);
         assert_eq!(std::fs::read(dir.join(MODEL_FILE)).unwrap(), std::fs::read(again.join(MODEL_FILE)).unwrap());
+    }
+
+    #[test]
+    fn state_json_carries_its_own_checksum() {
+        let dir = write(&scratch("state-sum"), 3);
+        let path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(read_state(&dir).unwrap().checksum.len() == 64);
+        // One digit of the position changed, the file still valid JSON of the right shape.
+        let edited = text.replacen("\"step\": 3", "\"step\": 4", 1);
+        assert_ne!(edited, text);
+        std::fs::write(&path, edited).unwrap();
+        let e = read_state(&dir).unwrap_err().to_string();
+        assert!(e.contains(path.to_str().unwrap()) && e.contains("corrupted or edited"), "{e}");
+    }
+
+    #[test]
+    fn another_format_is_refused_by_name() {
+        let dir = write(&scratch("format"), 3);
+        let path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen(&format!("\"format\": {FORMAT}"), "\"format\": 1", 1)).unwrap();
+        let e = read_state(&dir).unwrap_err().to_string();
+        let want = format!("checkpoint format 1 (written by lbbsp {})", env!("CARGO_PKG_VERSION"));
+        assert!(e.contains(&want) && e.contains(&format!("not format {FORMAT}")), "{e}");
+    }
+
+    #[test]
+    fn keep_newest_removes_the_oldest_only() {
+        let root = scratch("keep");
+        for step in [5, 10, 15, 20] {
+            write(&root, step);
+        }
+        keep_newest(&root, 2).unwrap();
+        let steps: Vec<usize> = list(&root).unwrap().into_iter().map(|s| s.0).collect();
+        assert_eq!(steps, [20, 15]);
+        let names: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "nothing else left behind: {names:?}");
+        keep_newest(&root, 0).unwrap();
+        assert_eq!(list(&root).unwrap().len(), 1, "the newest is always kept");
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use aids::Slowdown;
 
 use crate::balance::{Balancer, Observation};
 use crate::data::dataset::{Dataset, Splits};
-use crate::dist::comm::Communicator;
+use crate::dist::comm::{share_outcome, Communicator};
 use crate::dist::sync::{GradSync, RankStats, SyncTime};
 use crate::dist::watchdog::Phase;
 use crate::error::{Error, Result};
@@ -58,6 +58,8 @@ pub struct RunOptions {
     /// the last iteration of the run.
     pub checkpoint_dir: Option<PathBuf>,
     pub checkpoint_every: Option<usize>,
+    /// Keep only the newest this many checkpoints in `checkpoint_dir` (all when unset).
+    pub keep: Option<usize>,
     /// Continue from a checkpoint: a folder of checkpoints (its newest valid one) or one `step-<n>`
     /// folder.
     pub resume: Option<PathBuf>,
@@ -265,17 +267,20 @@ impl<'a> Run<'a> {
         evaluate(&mut self.model, &self.data.test, self.comm, epoch)
     }
 
-    /// Writes a checkpoint of where the run stands into `dir` (rank 0). Every rank takes part: the
-    /// optimizer's state is current only on each rank's own block until gathered.
-    pub fn save(&mut self, dir: &std::path::Path) -> Result<()> {
+    /// Writes a checkpoint of where the run stands into `dir` (rank 0), then keeps only the newest
+    /// `keep` there. Every rank takes part: the optimizer's state is current only on each rank's own
+    /// block until gathered, and rank 0's outcome is every rank's.
+    pub fn save(&mut self, dir: &std::path::Path, keep: Option<usize>) -> Result<()> {
         self.comm.note(self.progress.step, Phase::Checkpoint);
         for (_, buf) in self.opt.buffers_mut() {
             let n = buf.len();
             self.comm.all_gather_blocks(buf, n);
         }
-        if self.comm.rank() != 0 {
-            return Ok(());
-        }
+        let outcome = if self.comm.rank() == 0 { self.write_checkpoint(dir, keep) } else { Ok(()) };
+        share_outcome(self.comm, 0, outcome)
+    }
+
+    fn write_checkpoint(&self, dir: &std::path::Path, keep: Option<usize>) -> Result<()> {
         let snap = Snapshot {
             table: &self.model.table,
             params: &self.model.params,
@@ -285,7 +290,8 @@ impl<'a> Run<'a> {
             recipe: self.recipe,
             world_size: self.comm.world_size(),
         };
-        checkpoint::save(dir, &snap).map(|_| ())
+        checkpoint::save(dir, &snap)?;
+        keep.map_or(Ok(()), |k| checkpoint::keep_newest(dir, k))
     }
 }
 
@@ -397,6 +403,7 @@ struct Outputs {
     pending: Option<IterRecord>,
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: Option<usize>,
+    keep: Option<usize>,
     last_saved: Option<usize>,
 }
 
@@ -418,6 +425,7 @@ impl Outputs {
             pending: None,
             checkpoint_dir: opts.checkpoint_dir.clone(),
             checkpoint_every: opts.checkpoint_every,
+            keep: opts.keep,
             last_saved: None,
         })
     }
@@ -466,7 +474,7 @@ impl Outputs {
 
     fn save(&mut self, run: &mut Run) -> Result<()> {
         if let Some(dir) = &self.checkpoint_dir {
-            run.save(dir)?;
+            run.save(dir, self.keep)?;
             self.last_saved = Some(run.progress.step);
         }
         Ok(())

@@ -119,6 +119,10 @@ struct TrainArgs {
     /// Also write a checkpoint every N iterations (needs --checkpoint-dir or --resume).
     #[arg(long, value_name = "N", value_parser = parse_every)]
     checkpoint_every: Option<usize>,
+    /// Keep only the newest N checkpoints in the checkpoint folder, removing older ones after each
+    /// write (all are kept by default).
+    #[arg(long, value_name = "N", value_parser = parse_every)]
+    keep: Option<usize>,
     /// Continue from the newest valid checkpoint in DIR (damaged newer ones are skipped with a
     /// warning), or from DIR itself if it is one step-<iter> folder (which must be valid). The recipe
     /// must have the same data, model, global batch, seed and optimizer kind; with another world
@@ -291,6 +295,9 @@ fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()>
     if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
         bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
     }
+    if args.keep.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
+        bail!("--keep needs --checkpoint-dir DIR (or --resume DIR): it says how many checkpoints to keep there");
+    }
     let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
     let watched = Watched::new(&*comm, recipe.runtime.collective_timeout_s, exit_on_timeout())?;
     let comm: &dyn Communicator = &watched;
@@ -328,6 +335,7 @@ fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()>
             .clone()
             .or_else(|| args.resume.as_deref().map(lbbsp::train::checkpoint::root_of)),
         checkpoint_every: args.checkpoint_every,
+        keep: args.keep,
         resume: args.resume.clone(),
     };
     let summary = lbbsp::train(&recipe, &data, comm, &opts)?;
