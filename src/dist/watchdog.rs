@@ -199,6 +199,12 @@ impl Snapshot {
     }
 }
 
+/// The flight record in `file` (`rank-<r>` of a job's record folder), if it holds one: what that
+/// rank is doing now, or was when it died.
+pub fn read_record(file: &Path) -> Option<Snapshot> {
+    std::fs::read(file).ok().and_then(|b| Snapshot::from_bytes(&b))
+}
+
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -375,11 +381,7 @@ impl Dog {
         let mut lines = Vec::with_capacity(self.world);
         let mut missing = Vec::new();
         for r in 0..self.world {
-            let snap = if r == self.rank {
-                Some(*me)
-            } else {
-                std::fs::read(self.dir.join(format!("rank-{r}"))).ok().and_then(|b| Snapshot::from_bytes(&b))
-            };
+            let snap = if r == self.rank { Some(*me) } else { read_record(&self.dir.join(format!("rank-{r}"))) };
             match snap {
                 Some(s) => {
                     if s.behind(me) {

@@ -50,7 +50,19 @@ pub fn lbbsp_pinned(ranks: usize, args: &[&str]) -> Output {
 }
 
 fn launch(ranks: usize, bind: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let _guard = MPI_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = mpi_lock();
+    let mut cmd = command(ranks, bind, env, args);
+    cmd.output().unwrap_or_else(|e| panic!("cannot start {:?} (is OpenMPI installed?): {e}", cmd.get_program()))
+}
+
+/// Holds the one-multi-rank-job-at-a-time lock (for tests that start jobs themselves).
+pub fn mpi_lock() -> std::sync::MutexGuard<'static, ()> {
+    MPI_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The command of [`lbbsp_env`] (unpinned), to start as a child: `mpirun -n ranks lbbsp args...`,
+/// or the plain binary when `ranks == 0`.
+pub fn command(ranks: usize, bind: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
     let mut cmd = if ranks == 0 {
         Command::new(bin())
     } else {
@@ -66,9 +78,7 @@ fn launch(ranks: usize, bind: &str, env: &[(&str, &str)], args: &[&str]) -> Outp
         // Ranks waiting in a collective yield their core (essential when ranks outnumber cores).
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
         .envs(env.iter().copied());
-    let out =
-        cmd.output().unwrap_or_else(|e| panic!("cannot start {:?} (is OpenMPI installed?): {e}", cmd.get_program()));
-    out
+    cmd
 }
 
 /// Runs and asserts success, printing both streams on failure.
