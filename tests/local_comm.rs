@@ -29,7 +29,7 @@ fn three_thread_ranks_match_one_rank() {
             std::thread::spawn(move || {
                 let opts = RunOptions { metrics: Some(local), ..Default::default() };
                 let mut recipe = recipe;
-                recipe.runtime.slowdown = vec![Slowdown { rank: 1, factor: 4.0, from_iter: 10 }];
+                recipe.runtime.slowdown = vec![Slowdown { rank: 1, factor: 4.0, from_iter: 10, every: 1 }];
                 lbbsp::train(&recipe, &data, &comm, &opts).map(|s| s.test_accuracy)
             })
         })

@@ -15,7 +15,7 @@ pub trait Communicator {
     fn local_size(&self) -> usize;
     /// What this rank is doing, for its flight record: a [`Watched`](crate::dist::watchdog::Watched)
     /// communicator keeps it and names it when a collective hangs; others ignore it.
-    fn note(&self, _iter: usize, _phase: crate::dist::watchdog::Phase) {}
+    fn note(&self, _iter: usize, _phase: Phase) {}
     fn barrier(&self);
     /// `recv = Σ_ranks send`, element-wise.
     fn all_reduce_sum_into(&self, send: &[f32], recv: &mut [f32]);
@@ -37,6 +37,17 @@ pub trait Communicator {
     /// `MPI_Allreduce` below the ring's size), so every rank can update every parameter and no
     /// all-gather is needed ([`GradSync`](crate::dist::sync::GradSync) then skips it).
     fn scatters(&self, len: usize) -> bool;
+}
+
+/// What the training loop is doing, for a rank's flight record ([`Communicator::note`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Start = 0,
+    Compute = 1,
+    Sync = 2,
+    Evaluate = 3,
+    Checkpoint = 4,
+    Finish = 5,
 }
 
 /// This rank's block of a `len`-float buffer cut at `split` (see `ring::block`).

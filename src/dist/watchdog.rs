@@ -23,21 +23,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The exit status of a rank whose watchdog fired.
 pub const EXIT_TIMEOUT: i32 = 3;
 
-/// What the training loop is doing, as its flight record says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Start = 0,
-    Compute = 1,
-    Sync = 2,
-    Evaluate = 3,
-    Checkpoint = 4,
-    Finish = 5,
-}
+pub use crate::dist::comm::Phase;
 
-impl Phase {
-    fn from_code(c: u64) -> &'static str {
-        ["start-up", "compute", "gradient sync", "evaluation", "checkpoint", "finish"].get(c as usize).unwrap_or(&"?")
-    }
+/// The name of a [`Phase`] by its code in a record.
+fn phase_name(code: u64) -> &'static str {
+    ["start-up", "compute", "gradient sync", "evaluation", "checkpoint", "finish"].get(code as usize).unwrap_or(&"?")
 }
 
 /// The collectives a record can be in (0: none).
@@ -180,7 +170,7 @@ impl Snapshot {
     /// `rank`'s line of a report, relative to the waiting rank's `me`.
     fn describe(&self, rank: usize, me: &Snapshot, now_ms: u64) -> String {
         let ago = now_ms.saturating_sub(self.since_ms) as f64 / 1e3;
-        let doing = format!("iteration {}, {}", self.iter, Phase::from_code(self.phase));
+        let doing = format!("iteration {}, {}", self.iter, phase_name(self.phase));
         let place = if self.collective == 0 {
             format!("outside any collective for {ago:.1} s")
         } else {

@@ -6,29 +6,44 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Test aid: stretch one rank's compute time by `factor` from iteration `from_iter` on (it waits
-/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler. Written
-/// `RANK:FACTOR[@ITER]` (`1:3.0@30`) in `runtime.slowdown` and on the command line.
+/// `(factor − 1) ×` its measured compute time), to make a deterministic straggler; with `every`
+/// above 1, only every `every`-th iteration from there (2: a rank whose speed alternates).
+/// Written `RANK:FACTOR[@ITER][%EVERY]` (`1:3.0@30`, `1:4@0%2`) in `runtime.slowdown` and on the
+/// command line.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slowdown {
     pub rank: usize,
     pub factor: f64,
     pub from_iter: usize,
+    pub every: usize,
+}
+
+impl Slowdown {
+    /// Whether iteration `iter` of `rank` is slowed.
+    pub fn applies(&self, rank: usize, iter: usize) -> bool {
+        self.rank == rank && iter >= self.from_iter && (iter - self.from_iter).is_multiple_of(self.every)
+    }
 }
 
 impl std::str::FromStr for Slowdown {
     type Err = Error;
     fn from_str(s: &str) -> Result<Slowdown> {
         let err = |msg: String| Error::config("runtime.slowdown", msg);
-        let syntax = || err(format!("`{s}`: expected RANK:FACTOR[@ITER], e.g. 1:3.0@30"));
+        let syntax = || err(format!("`{s}`: expected RANK:FACTOR[@ITER][%EVERY], e.g. 1:3.0@30 or 1:4@0%2"));
         let (rank, rest) = s.split_once(':').ok_or_else(syntax)?;
+        let (rest, every) = rest.split_once('%').unwrap_or((rest, "1"));
         let (factor, from) = rest.split_once('@').unwrap_or((rest, "0"));
         let sd = Slowdown {
             rank: rank.parse().map_err(|_| syntax())?,
             factor: factor.parse().map_err(|_| syntax())?,
             from_iter: from.parse().map_err(|_| syntax())?,
+            every: every.parse().map_err(|_| syntax())?,
         };
         if !(sd.factor >= 1.0 && sd.factor.is_finite()) {
             return Err(err(format!("`{s}`: FACTOR must be ≥ 1")));
+        }
+        if sd.every == 0 {
+            return Err(err(format!("`{s}`: EVERY must be ≥ 1")));
         }
         Ok(sd)
     }
@@ -36,7 +51,11 @@ impl std::str::FromStr for Slowdown {
 
 impl std::fmt::Display for Slowdown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}@{}", self.rank, self.factor, self.from_iter)
+        write!(f, "{}:{}@{}", self.rank, self.factor, self.from_iter)?;
+        if self.every != 1 {
+            write!(f, "%{}", self.every)?;
+        }
+        Ok(())
     }
 }
 
@@ -107,7 +126,7 @@ impl Replay {
 /// Stretches this rank's compute time of iteration `iter` (which took `took`) as `slowdowns` say.
 pub(crate) fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Duration) {
     for s in slowdowns {
-        if s.rank == rank && iter >= s.from_iter && s.factor > 1.0 {
+        if s.applies(rank, iter) && s.factor > 1.0 {
             // Sleep most of the extra time (freeing the core, as a rank descheduled by a co-located
             // job would), then spin to the deadline: waking an idle (virtual) CPU can take a
             // millisecond or more, a fixed cost the factor does not ask for.
@@ -119,5 +138,23 @@ pub(crate) fn stretch(slowdowns: &[Slowdown], rank: usize, iter: usize, took: Du
                 std::hint::spin_loop();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_periodic_slowdown_parses_applies_and_round_trips() {
+        let s: Slowdown = "1:4@3%2".parse().unwrap();
+        assert_eq!(s, Slowdown { rank: 1, factor: 4.0, from_iter: 3, every: 2 });
+        let on: Vec<usize> = (0..9).filter(|&t| s.applies(1, t)).collect();
+        assert_eq!(on, [3, 5, 7]);
+        assert!(!s.applies(0, 3));
+        assert_eq!(s.to_string().parse::<Slowdown>().unwrap(), s);
+        assert_eq!("1:2".parse::<Slowdown>().unwrap().to_string(), "1:2@0");
+        let e = "1:2@0%0".parse::<Slowdown>().unwrap_err().to_string();
+        assert!(e.contains("EVERY must be ≥ 1"), "{e}");
     }
 }

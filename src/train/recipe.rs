@@ -298,7 +298,7 @@ mod tests {
             (rt.isa, rt.threads, rt.allreduce),
             (IsaChoice::Exactly(crate::Isa::Avx2), Some(3), AllreduceChoice::Ring)
         );
-        assert_eq!(rt.slowdown, [crate::train::Slowdown { rank: 1, factor: 2.5, from_iter: 7 }]);
+        assert_eq!(rt.slowdown, [crate::train::Slowdown { rank: 1, factor: 2.5, from_iter: 7, every: 1 }]);
         assert_eq!(Recipe::parse(&r.to_toml(), Path::new("resolved.toml"), &[]).unwrap(), r);
         assert_eq!(Recipe::parse(DIGITS, Path::new("x.toml"), &[]).unwrap().runtime, RuntimeConfig::default());
         for (set, want) in [

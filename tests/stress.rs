@@ -1,0 +1,84 @@
+//! The mpirun tier's stress cases, bounded in time: 8 ranks on the machine's cores
+//! (`--oversubscribe`), a rank slowed 20×, and a rank whose speed alternates every iteration. In
+//! each, under `lbbsp`, every iteration's split sums to B within the bounds and training reaches
+//! the loss of a plain run; the balancer's oscillation is measured in each and bounded where the
+//! balancer holds it (docs/balancer.md, "Oscillation").
+//!
+//! Oscillation is counted as *reversals*: iterations where a rank's batch moved by at least 2% of
+//! B one way and then at least 2% of B the other way at the next move. A balancer that chased an
+//! alternating rank would reverse at every iteration (100 per 100); smaller moves are the
+//! dead-band's and the noise's and are not counted.
+
+mod common;
+use common::*;
+use lbbsp::train::metrics::{read_records, IterRecord};
+
+/// Reversals of the split per 100 iterations, the worst rank's (see the module's doc).
+fn reversals_per_100(records: &[IterRecord]) -> f64 {
+    let world = records[0].batch_sizes.len();
+    let big = (records[0].global_batch as f64 * 0.02).max(1.0);
+    let worst = (0..world)
+        .map(|r| {
+            let moves: Vec<f64> = records
+                .windows(2)
+                .map(|w| w[1].batch_sizes[r] as f64 - w[0].batch_sizes[r] as f64)
+                .filter(|d| d.abs() >= big)
+                .collect();
+            moves.windows(2).filter(|m| m[0].signum() != m[1].signum()).count()
+        })
+        .max()
+        .unwrap_or(0);
+    100.0 * worst as f64 / records.len() as f64
+}
+
+/// Trains mnist-mlp for one epoch on `ranks` ranks with `extra` settings and checks the split of
+/// every iteration, the reversals and the loss against `reference` (the last-epoch mean loss of a
+/// plain run). Returns (reversals per 100 iterations, last-epoch loss).
+fn stress(name: &str, ranks: usize, extra: &[&str], reference: f64) -> (f64, f64) {
+    let dir = scratch(name);
+    let (m, sum) = (dir.join("m.jsonl"), dir.join("s.json"));
+    let mut args = vec!["train", "mnist-mlp", "-q", "--threads", "1", "--set", "train.epochs=1"];
+    args.extend([
+        "--set",
+        "balance.policy=lbbsp",
+        "--metrics",
+        m.to_str().unwrap(),
+        "--summary",
+        sum.to_str().unwrap(),
+    ]);
+    args.extend(extra);
+    lbbsp_ok(ranks, &args);
+    let records = read_records(&m).unwrap();
+    assert_eq!(records.len(), 469, "one epoch of MNIST at B = 128");
+    for r in &records {
+        assert_eq!(r.batch_sizes.iter().sum::<usize>(), r.global_batch, "iteration {}: {:?}", r.iter, r.batch_sizes);
+        assert!(r.batch_sizes.iter().all(|&b| (1..=128).contains(&b)), "iteration {}: {:?}", r.iter, r.batch_sizes);
+    }
+    let rev = reversals_per_100(&records);
+    let loss = summary(&sum).last_epoch_loss;
+    assert!(
+        (loss - reference).abs() <= 0.01 * reference,
+        "{name}: last-epoch loss {loss:.4}, a plain run's {reference:.4}"
+    );
+    eprintln!("{name}: {rev:.1} reversals per 100 iterations, last-epoch loss {loss:.4} (plain run {reference:.4})");
+    (rev, loss)
+}
+
+/// The last-epoch loss of one plain process on the same recipe.
+fn plain_loss() -> f64 {
+    let dir = scratch("stress-plain");
+    let sum = dir.join("s.json");
+    lbbsp_ok(0, &["train", "mnist-mlp", "-q", "--set", "train.epochs=1", "--summary", sum.to_str().unwrap()]);
+    summary(&sum).last_epoch_loss
+}
+
+#[test]
+fn stress_cases_keep_the_split_whole_steady_and_the_loss_right() {
+    let reference = plain_loss();
+    let (rev, _) = stress("stress-slowed-20x", 2, &["--slowdown", "1:20"], reference);
+    assert!(rev <= 10.0, "slowed 20×: {rev:.1} reversals of the split per 100 iterations");
+    // Not bounded yet: on real runs the split still follows the scheduler's per-iteration noise
+    // of 8 ranks on 2 cores and the alternating rank (docs/balancer.md, "Oscillation").
+    stress("stress-8-ranks", 8, &[], reference);
+    stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
+}
