@@ -24,6 +24,8 @@ have_libclang || missing+=(libclang-dev)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# tests/multihost.rs makes two "hosts" as network namespaces (`ip netns`).
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -2,7 +2,7 @@
 //! (`--oversubscribe`), a rank slowed 20×, and a rank whose speed alternates every iteration. In
 //! each, under `lbbsp`, every iteration's split sums to B within the bounds and training reaches
 //! the loss of a plain run; the balancer's oscillation is measured in each and bounded where the
-//! balancer holds it (docs/balancer.md, "Oscillation").
+//! balancer holds it (docs/reliability.md, "Stress").
 //!
 //! Oscillation is counted as *reversals*: iterations where a rank's batch moved by at least 2% of
 //! B one way and then at least 2% of B the other way at the next move. A balancer that chased an
@@ -78,7 +78,7 @@ fn stress_cases_keep_the_split_whole_steady_and_the_loss_right() {
     let (rev, _) = stress("stress-slowed-20x", 2, &["--slowdown", "1:20"], reference);
     assert!(rev <= 10.0, "slowed 20×: {rev:.1} reversals of the split per 100 iterations");
     // Not bounded yet: on real runs the split still follows the scheduler's per-iteration noise
-    // of 8 ranks on 2 cores and the alternating rank (docs/balancer.md, "Oscillation").
+    // of 8 ranks on 2 cores and the alternating rank (docs/reliability.md, "Stress").
     stress("stress-8-ranks", 8, &[], reference);
     stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
 }

@@ -10,22 +10,32 @@ use crate::error::Result;
 
 /// Reads `path` (raw or gzip, detected like IDX) into `n × feature_count` features and `n` labels.
 pub fn read(path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
-    let mut input = idx::open(path)?;
+    read_input(idx::open(path)?, path, feature_count)
+}
+
+/// [`read`] of a file's content already in memory; `path` names it in errors.
+pub fn parse(bytes: &[u8], path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+    read_input(idx::from_bytes(bytes, path)?, path, feature_count)
+}
+
+fn read_input(mut input: idx::Input<'_>, path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     input.for_each_line(path, |text, at| {
         let text = text.trim();
         if text.is_empty() {
             return Ok(());
         }
-        let fields: Vec<&str> = text.split(',').map(str::trim).collect();
-        if fields.len() != feature_count + 1 {
+        // Counted before anything is parsed or stored, without collecting: a line of a million
+        // commas costs no more memory than the line itself.
+        let columns = text.split(',').count();
+        if columns != feature_count + 1 {
             return Err(at(format!(
-                "expected {} columns ({feature_count} features and a label), found {}",
-                feature_count + 1,
-                fields.len()
+                "expected {} columns ({feature_count} features and a label), found {columns}",
+                feature_count + 1
             )));
         }
-        for (col, field) in fields[..feature_count].iter().enumerate() {
+        let mut fields = text.split(',').map(str::trim);
+        for (col, field) in fields.by_ref().take(feature_count).enumerate() {
             let v: f32 = field
                 .parse()
                 .ok()
@@ -33,7 +43,7 @@ pub fn read(path: &Path, feature_count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
                 .ok_or_else(|| at(format!("column {}: `{field}` is not a finite number", col + 1)))?;
             x.push(v);
         }
-        let label = fields[feature_count];
+        let label = fields.next().unwrap_or_default();
         y.push(parse_label(label).map_err(|why| at(format!("column {}: label `{label}` {why}", feature_count + 1)))?);
         Ok(())
     })?;
@@ -93,5 +103,21 @@ mod tests {
         let m = read(&p, 2).unwrap_err().to_string();
         assert!(m.contains("cut.csv.gz") && m.contains("corrupted or truncated gzip"), "{m}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The in-memory reader is the file reader; a line of many columns is refused by its count.
+    #[test]
+    fn bytes_read_like_files_and_wide_lines_are_counted() {
+        let text = "0,1.5,2\n 3 , 4 ,1.0\r\n\n";
+        assert_eq!(parse(text.as_bytes(), Path::new("d.csv"), 2).unwrap(), (vec![0.0, 1.5, 3.0, 4.0], vec![2, 1]));
+        let wide = "0,".repeat(100_000);
+        let m = parse(wide.as_bytes(), Path::new("wide.csv"), 2).unwrap_err().to_string();
+        assert!(
+            m.contains("wide.csv")
+                && m.contains("line 1")
+                && m.contains("expected 3 columns")
+                && m.contains("found 100001"),
+            "{m}"
+        );
     }
 }

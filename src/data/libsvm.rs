@@ -14,7 +14,25 @@ use crate::error::Result;
 /// Reads `path` (raw or gzip) into `n × features` dense features and `n` class labels, mapping
 /// label tokens through `label_map` (exact text first, then numeric value, so `1` finds `"+1"`).
 pub fn read(path: &Path, features: usize, label_map: &BTreeMap<String, u32>) -> Result<(Vec<f32>, Vec<u32>)> {
-    let mut input = idx::open(path)?;
+    read_input(idx::open(path)?, path, features, label_map)
+}
+
+/// [`read`] of a file's content already in memory; `path` names it in errors.
+pub fn parse(
+    bytes: &[u8],
+    path: &Path,
+    features: usize,
+    label_map: &BTreeMap<String, u32>,
+) -> Result<(Vec<f32>, Vec<u32>)> {
+    read_input(idx::from_bytes(bytes, path)?, path, features, label_map)
+}
+
+fn read_input(
+    mut input: idx::Input<'_>,
+    path: &Path,
+    features: usize,
+    label_map: &BTreeMap<String, u32>,
+) -> Result<(Vec<f32>, Vec<u32>)> {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     input.for_each_line(path, |text, at| {
         let text = text.split('#').next().unwrap_or_default();
@@ -109,5 +127,17 @@ mod tests {
         let m = read(&p, 4, &labels()).unwrap_err().to_string();
         assert!(m.contains("cut.gz") && m.contains("gzip") && m.contains("line"), "{m}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The in-memory reader is the file reader; indices past any feature count are refused.
+    #[test]
+    fn bytes_read_like_files_and_huge_indices_are_refused() {
+        let (x, y) = parse(gzip(b"+1 2:1\n").as_slice(), Path::new("s.gz"), 2, &labels()).unwrap();
+        assert_eq!((x, y), (vec![0.0, 1.0], vec![1]));
+        for tok in ["1000000000000:1", "18446744073709551616:1"] {
+            let m =
+                parse(format!("+1 {tok}\n").as_bytes(), Path::new("huge.txt"), 4, &labels()).unwrap_err().to_string();
+            assert!(m.contains("huge.txt") && m.contains("line 1") && m.contains(tok), "{m}");
+        }
     }
 }
