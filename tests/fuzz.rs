@@ -703,32 +703,31 @@ fn safetensors_target(name: &'static str, seed: Vec<u8>, table: ParamTable) -> T
 // ---- The targets ----
 
 fn images_target() -> Target {
-    let path = fuzz_path("train-images-idx3-ubyte");
-    Target {
-        name: "idx-images",
-        seeds: images_seeds(),
-        fields: IDX_FIELDS.to_vec(),
-        gzip: true,
-        file: None,
-        scratch: None,
-        names: path.display().to_string(),
-        config_errors: false,
-        run: Box::new(move |b| idx::parse_images(b, &path).map(drop)),
-    }
+    idx_target("idx-images", "train-images-idx3-ubyte", images_seeds(), |b, p| idx::parse_images(b, p).map(drop))
 }
 
 fn labels_target() -> Target {
-    let path = fuzz_path("train-labels-idx1-ubyte");
+    idx_target("idx-labels", "train-labels-idx1-ubyte", labels_seeds(), |b, p| idx::parse_labels(b, p).map(drop))
+}
+
+/// An IDX reader's target: `parse` on the input, as the file `file` of the fuzzing folder.
+fn idx_target(
+    name: &'static str,
+    file: &str,
+    seeds: Vec<Vec<u8>>,
+    parse: fn(&[u8], &Path) -> lbbsp::Result<()>,
+) -> Target {
+    let path = fuzz_path(file);
     Target {
-        name: "idx-labels",
-        seeds: labels_seeds(),
+        name,
+        seeds,
         fields: IDX_FIELDS.to_vec(),
         gzip: true,
         file: None,
         scratch: None,
         names: path.display().to_string(),
         config_errors: false,
-        run: Box::new(move |b| idx::parse_labels(b, &path).map(drop)),
+        run: Box::new(move |b| parse(b, &path)),
     }
 }
 
