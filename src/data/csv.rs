@@ -82,6 +82,13 @@ mod tests {
     }
 
     #[test]
+    fn a_file_of_concatenated_gzip_members_is_read_whole() {
+        let bytes = [gzip(b"0,1.5,2\n"), gzip(b"3,4,1\n")].concat();
+        let got = parse(&bytes, Path::new("two-members.csv.gz"), 2).unwrap();
+        assert_eq!(got, (vec![0.0, 1.5, 3.0, 4.0], vec![2, 1]));
+    }
+
+    #[test]
     fn errors_name_the_file_and_line() {
         let dir = scratch("csv-bad");
         let cases = [

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 
 use crate::error::{Error, Result};
 
@@ -98,7 +98,9 @@ fn wrap<'a, R: BufRead + 'a>(mut raw: R, path: &Path, size: Option<u64>, buffer:
     let head = raw.fill_buf().map_err(|e| Error::io(path, e))?;
     let gzip = head.starts_with(&[0x1f, 0x8b]) || path.extension().is_some_and(|e| e == "gz");
     Ok(if gzip {
-        Input { reader: Box::new(BufReader::with_capacity(buffer, GzDecoder::new(raw))), gzip, len: None }
+        // Every member, as `gzip -d` reads them: a file of concatenated members (`cat a.gz b.gz`)
+        // is one stream, not its first part.
+        Input { reader: Box::new(BufReader::with_capacity(buffer, MultiGzDecoder::new(raw))), gzip, len: None }
     } else {
         Input { reader: Box::new(raw), gzip, len: size }
     })
