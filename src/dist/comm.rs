@@ -47,7 +47,13 @@ pub enum Phase {
     Sync = 2,
     Evaluate = 3,
     Checkpoint = 4,
-    Finish = 5,
+}
+
+impl Phase {
+    /// The name of the phase whose code (`phase as u64`) a record holds.
+    pub fn name_of(code: u64) -> &'static str {
+        ["start-up", "compute", "gradient sync", "evaluation", "checkpoint"].get(code as usize).unwrap_or(&"?")
+    }
 }
 
 /// This rank's block of a `len`-float buffer cut at `split` (see `ring::block`).

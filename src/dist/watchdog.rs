@@ -25,11 +25,6 @@ pub const EXIT_TIMEOUT: i32 = 3;
 
 pub use crate::dist::comm::Phase;
 
-/// The name of a [`Phase`] by its code in a record.
-fn phase_name(code: u64) -> &'static str {
-    ["start-up", "compute", "gradient sync", "evaluation", "checkpoint", "finish"].get(code as usize).unwrap_or(&"?")
-}
-
 /// The collectives a record can be in (0: none).
 const COLLECTIVES: [&str; 8] = [
     "none",
@@ -170,7 +165,7 @@ impl Snapshot {
     /// `rank`'s line of a report, relative to the waiting rank's `me`.
     fn describe(&self, rank: usize, me: &Snapshot, now_ms: u64) -> String {
         let ago = now_ms.saturating_sub(self.since_ms) as f64 / 1e3;
-        let doing = format!("iteration {}, {}", self.iter, phase_name(self.phase));
+        let doing = format!("iteration {}, {}", self.iter, Phase::name_of(self.phase));
         let place = if self.collective == 0 {
             format!("outside any collective for {ago:.1} s")
         } else {
@@ -183,7 +178,7 @@ impl Snapshot {
                 self.pid
             )
         } else {
-            // Level and outside: it left this collective already (a broadcast's root does).
+            // Level: in this collective too, or out of it already (a broadcast's root leaves early).
             format!("rank {rank}: arrived: {doing}, {place} (pid {})", self.pid)
         }
     }
@@ -267,12 +262,7 @@ impl<'a> Watched<'a> {
         timeout_s: f64,
         on_timeout: OnTimeout,
     ) -> Result<Watched<'a>> {
-        if !(timeout_s >= 0.0 && timeout_s.is_finite()) {
-            return Err(Error::config(
-                "runtime.collective_timeout_s",
-                format!("{timeout_s} is not a number of seconds ≥ 0 (0 turns the watchdog off)"),
-            ));
-        }
+        check_timeout(timeout_s)?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let file = dir.join(format!("rank-{}", inner.rank()));
         let record = Arc::new(Record::create(&file)?);
@@ -321,6 +311,17 @@ impl Drop for Watched<'_> {
         }
         // The record's file (and the folder, by the last rank out) goes with `self.record`.
     }
+}
+
+/// Refuses a timeout that is not a number of seconds ≥ 0, naming its setting.
+pub fn check_timeout(timeout_s: f64) -> Result<()> {
+    if timeout_s >= 0.0 && timeout_s.is_finite() {
+        return Ok(());
+    }
+    Err(Error::config(
+        "runtime.collective_timeout_s",
+        format!("{timeout_s} is not a number of seconds ≥ 0 (0 turns the watchdog off)"),
+    ))
 }
 
 /// A key for this job's record folder, the same on every rank: rank 0's pid and clock.

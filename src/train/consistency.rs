@@ -5,7 +5,7 @@
 //! one node) would otherwise train without a word into a model that none of them describes. So
 //! every rank digests what must be the same everywhere — the resolved recipe (section by section;
 //! of `[runtime]` only what is not the host's own: the kernel tier and thread count may differ),
-//! the executable, the training and test data as loaded, and the world layout — and one
+//! the executable, the training and test data as loaded, and the world size — and one
 //! all-gather compares them. Every rank sees every digest, so all reach the same verdict: a
 //! mismatch is [`Error::Mismatch`] on every rank, naming the first differing rank and item (for a
 //! recipe section, the differing keys and both values), and no rank is left waiting.
@@ -73,8 +73,12 @@ fn flat_recipe(recipe: &Recipe) -> BTreeMap<String, String> {
 }
 
 fn digest48(bytes: &[u8]) -> u64 {
-    let d = Sha256::digest(bytes);
-    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) & ((1 << 48) - 1)
+    top48(Sha256::new_with_prefix(bytes))
+}
+
+/// The first 48 bits of a hash's digest, exact as an f64.
+fn top48(h: Sha256) -> u64 {
+    u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes")) & ((1 << 48) - 1)
 }
 
 /// A digest of the running executable: its length and 4 KiB of every MiB of it (reading all of a
@@ -95,7 +99,7 @@ fn executable_digest() -> u64 {
             let n = f.read_at(&mut page, at).unwrap_or(0);
             h.update(&page[..n]);
         }
-        u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes")) & ((1 << 48) - 1)
+        top48(h)
     })
 }
 
@@ -113,8 +117,7 @@ fn data_digest(d: &Dataset) -> u64 {
     for x in d.x.iter().step_by(997) {
         h.update(x.to_bits().to_le_bytes());
     }
-    let out = h.finalize();
-    u64::from_le_bytes(out[..8].try_into().expect("8 bytes")) & ((1 << 48) - 1)
+    top48(h)
 }
 
 /// Checks that every rank runs the same recipe, executable, data and world as rank 0 (a

@@ -121,7 +121,7 @@ pub struct Summary {
 pub struct JsonlWriter {
     path: PathBuf,
     out: std::io::BufWriter<std::fs::File>,
-    line: String,
+    line: Vec<u8>,
 }
 
 impl JsonlWriter {
@@ -164,18 +164,17 @@ impl JsonlWriter {
     }
 
     fn new(path: &Path, f: std::fs::File, buffer: usize) -> JsonlWriter {
-        JsonlWriter { path: path.to_path_buf(), out: std::io::BufWriter::with_capacity(buffer, f), line: String::new() }
+        JsonlWriter { path: path.to_path_buf(), out: std::io::BufWriter::with_capacity(buffer, f), line: Vec::new() }
     }
 
     /// Writes `rec` as one line, in one piece (a streaming writer's lines are never torn by a
     /// flush between their halves).
     pub fn write<T: Serialize>(&mut self, rec: &T) -> Result<()> {
         self.line.clear();
-        let json =
-            serde_json::to_string(rec).map_err(|e| Error::Output { path: self.path.clone(), msg: e.to_string() })?;
-        self.line.push_str(&json);
-        self.line.push('\n');
-        self.out.write_all(self.line.as_bytes()).map_err(|e| Error::io(&self.path, e))
+        serde_json::to_writer(&mut self.line, rec)
+            .map_err(|e| Error::Output { path: self.path.clone(), msg: e.to_string() })?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line).map_err(|e| Error::io(&self.path, e))
     }
     pub fn flush(&mut self) -> Result<()> {
         self.out.flush().map_err(|e| Error::io(&self.path, e))

@@ -343,7 +343,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     if let Some((iter, loss, lr)) = diverged {
         return Err(Error::Diverged { iter, loss, lr });
     }
-    Ok(summary(&mut run, &tally, (started, tally.train_s)))
+    Ok(summary(&mut run, &tally, started))
 }
 
 /// What a run's summary needs of its records, kept instead of them.
@@ -365,7 +365,7 @@ impl Tally {
 }
 
 /// The summary of a finished run, after its final evaluation (if the last epoch had none).
-fn summary(run: &mut Run, tally: &Tally, (started, train_s): (Instant, f64)) -> Summary {
+fn summary(run: &mut Run, tally: &Tally, started: Instant) -> Summary {
     let epochs_run = run.progress.epoch;
     if run.progress.evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
         let ev = run.evaluate(epochs_run.saturating_sub(1));
@@ -386,7 +386,7 @@ fn summary(run: &mut Run, tally: &Tally, (started, train_s): (Instant, f64)) -> 
         final_loss: tally.final_loss.unwrap_or(f64::NAN),
         last_epoch_loss: loss_sum / n.max(1) as f64,
         wall_s: started.elapsed().as_secs_f64(),
-        samples_per_s: tally.samples as f64 / train_s.max(1e-9),
+        samples_per_s: tally.samples as f64 / tally.train_s.max(1e-9),
         evals: run.progress.evals.clone(),
         stragglers: tally.stragglers.report(),
     }

@@ -130,13 +130,7 @@ impl Recipe {
                 return Err(Error::config("data.test_fraction", format!("must be in (0, 1), got {f}")));
             }
         }
-        let t = self.runtime.collective_timeout_s;
-        if !(t >= 0.0 && t.is_finite()) {
-            return Err(Error::config(
-                "runtime.collective_timeout_s",
-                format!("{t} is not a number of seconds ≥ 0 (0 turns the watchdog off)"),
-            ));
-        }
+        crate::dist::watchdog::check_timeout(self.runtime.collective_timeout_s)?;
         if self.runtime.threads == Some(0) {
             return Err(Error::config("runtime.threads", "must be at least 1 (leave it unset for one per core)"));
         }

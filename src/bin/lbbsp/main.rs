@@ -292,11 +292,10 @@ fn on_ranks(f: impl FnOnce(&mut Mpi) -> Result<()>) -> Result<()> {
 fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()> {
     let mut recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
     recipe.runtime.slowdown.extend(&args.slowdown);
-    if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
-        bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
-    }
-    if args.keep.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
-        bail!("--keep needs --checkpoint-dir DIR (or --resume DIR): it says how many checkpoints to keep there");
+    for (flag, given) in [("--checkpoint-every", args.checkpoint_every), ("--keep", args.keep)] {
+        if given.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
+            bail!("{flag} needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
+        }
     }
     let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
     let watched = Watched::new(&*comm, recipe.runtime.collective_timeout_s, exit_on_timeout())?;
