@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         for t in 0..plan.iterations() {
             // This rank's slice: the balancer's split of B.
             let batch = plan.batch(t);
-            let sizes = lbbsp::shard::rescale(balancer.sizes(), batch.len());
+            let sizes = balancer.split(batch.len());
             let mine = &batch[slice_for(&sizes, rank)];
 
             // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, and its loss sum.

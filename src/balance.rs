@@ -741,6 +741,14 @@ impl Balancer {
         &self.sizes
     }
 
+    /// The split of a global batch of `total` samples: [`Balancer::sizes`] for a full batch; for the
+    /// short last batch of an epoch, the same shares above every rank's lower bound, so that the
+    /// bounds hold there too.
+    pub fn split(&self, total: usize) -> Vec<usize> {
+        let lows: Vec<usize> = self.bounds.iter().map(|b| b.0).collect();
+        crate::shard::rescale_above(&self.sizes, total, &lows)
+    }
+
     /// Records every rank's measurements of the iteration just computed and, under `lbbsp`, picks
     /// the split of the next iteration. Called on every rank with the same (gathered) input.
     pub fn observe(&mut self, obs: &[Observation]) {

@@ -59,6 +59,21 @@ pub fn rescale(sizes: &[usize], total: usize) -> Vec<usize> {
     out
 }
 
+/// [`rescale`] that keeps rank `i` at `lows[i]` or more wherever `total` allows it: each rank
+/// keeps its lower bound and the rest of `total` is shared in proportion to what every size holds
+/// above its bound. A full batch keeps its split. When `total` is below the bounds' sum (a batch
+/// shorter than the ranks), some rank must go below its bound, and the plain proportional split is
+/// used.
+pub fn rescale_above(sizes: &[usize], total: usize, lows: &[usize]) -> Vec<usize> {
+    assert_eq!(sizes.len(), lows.len(), "one lower bound per rank");
+    let floor: usize = lows.iter().sum();
+    if total < floor || sizes.iter().zip(lows).any(|(s, l)| s < l) {
+        return rescale(sizes, total);
+    }
+    let above: Vec<usize> = sizes.iter().zip(lows).map(|(s, l)| s - l).collect();
+    rescale(&above, total - floor).iter().zip(lows).map(|(a, l)| a + l).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +123,25 @@ mod tests {
         assert_eq!(rescale(&[7, 1, 13], 21), vec![7, 1, 13], "a full batch keeps its split");
         for total in 0..50 {
             assert_eq!(rescale(&[7, 1, 13], total).iter().sum::<usize>(), total);
+        }
+    }
+
+    #[test]
+    fn a_short_batch_keeps_every_rank_at_its_bound() {
+        // Proportional rounding alone gives the last two 1-sample ranks nothing of 96.
+        let sizes = [121, 1, 1, 1, 1, 1, 1, 1];
+        assert_eq!(rescale(&sizes, 96), vec![91, 1, 1, 1, 1, 1, 0, 0]);
+        let kept = rescale_above(&sizes, 96, &[1; 8]);
+        assert_eq!(kept.iter().sum::<usize>(), 96);
+        assert!(kept.iter().all(|&b| b >= 1), "{kept:?}");
+        assert_eq!(rescale_above(&sizes, 128, &[1; 8]), sizes, "a full batch keeps its split");
+        for total in 0..=128 {
+            let got = rescale_above(&sizes, total, &[1; 8]);
+            assert_eq!(got.iter().sum::<usize>(), total);
+            assert!(got.iter().zip(&sizes).all(|(g, s)| g <= s), "a shorter batch grows no rank: {got:?}");
+            if total >= 8 {
+                assert!(got.iter().all(|&b| b >= 1), "{total}: {got:?}");
+            }
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::nn::layers::Mode;
 use crate::nn::model::Model;
 use crate::profile::CpuSampler;
-use crate::shard::{equal_split, rescale, slice_for, EpochPlan};
+use crate::shard::{equal_split, slice_for, EpochPlan};
 use crate::train::aids::{check_slowdowns, stretch, Replay};
 use crate::train::checkpoint::{Progress, Snapshot};
 use crate::train::metrics::{EvalResult, IterRecord, JsonlWriter, StragglerTally, Summary};
@@ -150,10 +150,10 @@ impl<'a> Run<'a> {
         let unix_s =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         // This rank's slice: the balancer's split of B (the short last batch of an epoch keeps its
-        // proportions), or the replayed one.
+        // shares within the bounds), or the replayed one.
         let sizes = match &self.replay {
             Some(r) => r.sizes(iter, batch.len())?,
-            None => rescale(self.balancer.sizes(), batch.len()),
+            None => self.balancer.split(batch.len()),
         };
         let slice = &batch[slice_for(&sizes, rank)];
         self.comm.note(iter, Phase::Compute);
