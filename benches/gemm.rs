@@ -3,6 +3,10 @@
 //! `x·Wᵀ`, weight gradient `dyᵀ·x`, input gradient `dy·W`. The comparison with OpenBLAS is
 //! `scripts/bench_peers.sh` (numpy on the same shapes, in the same run).
 
+/// The binary's allocator, so that operands sit as they do in a training run.
+#[global_allocator]
+static ALLOC: lbbsp::CacheAligned = lbbsp::CacheAligned;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbbsp::kernels::gemm::{gemm_on, Trans};
 use lbbsp::Isa;

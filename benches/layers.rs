@@ -3,6 +3,10 @@
 //! GroupNorm/residual shapes of `fashion-resnet`, in samples/s. Every case computes the input
 //! gradient except the first layers of W1 and W2 ("no dx"), for which the model never asks for it.
 
+/// The binary's allocator, so that operands sit as they do in a training run.
+#[global_allocator]
+static ALLOC: lbbsp::CacheAligned = lbbsp::CacheAligned;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbbsp::data::rng::Rng;
 use lbbsp::nn::chain::Chain;

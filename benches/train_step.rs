@@ -2,6 +2,10 @@
 //! W1 is the `mnist-mlp` recipe at batch 128; W2 is the peers' LeNet-5 (no padding, plain SGD with
 //! momentum, see `/work/shared/peers/README.md`) at batch 64.
 
+/// The binary's allocator, so that operands sit as they do in a training run.
+#[global_allocator]
+static ALLOC: lbbsp::CacheAligned = lbbsp::CacheAligned;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbbsp::data::rng::Rng;
 use lbbsp::nn::layers::Mode;

@@ -63,6 +63,7 @@ pub use dist::comm::{Communicator, Local, Solo};
 #[cfg(feature = "mpi")]
 pub use dist::mpi::Mpi;
 pub use error::{Error, Result};
+pub use kernels::alloc::CacheAligned;
 pub use kernels::isa::{Isa, IsaChoice};
 pub use nn::model::Model;
 pub use shard::{slice_for, EpochPlan};

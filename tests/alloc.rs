@@ -23,7 +23,7 @@ use lbbsp::dist::comm::Solo;
 use lbbsp::dist::sync::{GradSync, RankStats};
 use lbbsp::nn::layers::Mode;
 use lbbsp::{Model, Optimizer};
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
@@ -68,23 +68,23 @@ fn count() {
     }
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator; counting does not touch the
-// memory handed out.
+// SAFETY: every call is forwarded unchanged to the binary's allocator (lbbsp::CacheAligned);
+// counting does not touch the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
-        System.alloc(layout)
+        lbbsp::CacheAligned.alloc(layout)
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
-        System.alloc_zeroed(layout)
+        lbbsp::CacheAligned.alloc_zeroed(layout)
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
-        System.realloc(ptr, layout, new_size)
+        lbbsp::CacheAligned.realloc(ptr, layout, new_size)
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
+        lbbsp::CacheAligned.dealloc(ptr, layout)
     }
 }
 

@@ -773,6 +773,42 @@ mod tests {
         }
     }
 
+    /// `x·Wᵀ` on every tier is, bit for bit, the order AVX-512's dot-product kernel defines: 16 lane
+    /// sums over the depth (a zero-padded last step), lane `j` + lane `j + 8`, then `+ 4`, `+ 2`,
+    /// `+ 1`; fused on the FMA tiers, a rounded product then a rounded sum on the portable one. So
+    /// a host without AVX-512 checks its tiers against the AVX-512 tier's results too.
+    #[test]
+    fn the_dot_kernel_keeps_the_sixteen_lane_order_on_every_tier() {
+        let reference = |a: &[f32], b: &[f32], fused: bool| {
+            let mut lanes = [0.0f32; 16];
+            for d in 0..a.len().div_ceil(16) * 16 {
+                let (x, y) = if d < a.len() { (a[d], b[d]) } else { (0.0, 0.0) };
+                lanes[d % 16] = if fused { x.mul_add(y, lanes[d % 16]) } else { x * y + lanes[d % 16] };
+            }
+            let mut half = 8;
+            while half > 0 {
+                for j in 0..half {
+                    lanes[j] += lanes[j + half];
+                }
+                half /= 2;
+            }
+            lanes[0]
+        };
+        for &(m, n, k) in &[(128, 512, 784), (7, 13, 29), (3, 10, 1024), (20, 9, 5), (16, 16, 16)] {
+            let (a, b) = operands(9, m, n, k);
+            for isa in Isa::available() {
+                let mut c = vec![0.0; m * n];
+                gemm_on(isa, (Trans::N, Trans::T), (m, n, k), 1.0, &a, &b, 0.0, &mut c);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = reference(&a[i * k..(i + 1) * k], &b[j * k..(j + 1) * k], isa != Isa::Portable);
+                        assert_eq!(c[i * n + j].to_bits(), want.to_bits(), "{isa} {m}×{n}×{k} at ({i}, {j})");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn same_bits_whatever_the_thread_count_on_every_tier() {
         let (m, n, k) = (200, 300, 700);

@@ -2,6 +2,7 @@
 //! the direct convolution's register tiles, the thread team that runs them, and the instruction-set
 //! tiers they are compiled for ([`isa`]). They know nothing of layers, optimizers or ranks.
 
+pub mod alloc;
 pub(crate) mod correlate;
 pub(crate) mod dot;
 pub mod gemm;

@@ -2,6 +2,11 @@
 //! manage data sets.
 
 mod bench;
+
+/// Large blocks on cache lines, for the kernels' loads (`lbbsp::kernels::alloc`).
+#[global_allocator]
+static ALLOC: lbbsp::CacheAligned = lbbsp::CacheAligned;
+
 mod interfere;
 mod plot;
 mod simulate;
