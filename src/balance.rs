@@ -599,6 +599,42 @@ pub struct Balancer {
     /// What excursions from base speeds have done lately (the risk model).
     #[serde(default)]
     pub risk: Risk,
+    /// The steady split, and the scores that choose between it and the planned one (see
+    /// [`Steady`]); `lbbsp` only.
+    #[serde(default)]
+    pub steady: Steady,
+}
+
+/// Two more candidate splits for `lbbsp`, which do not follow the last iterations: the split
+/// that equalises every rank's long-run time per sample (its sizes and times summed, forgotten with
+/// `slope_forgetting`), and the planned splits' own recent mean (forgotten with `forgetting`).
+/// Each iteration all three are scored on the times the ranks took, as if each had been played
+/// (each rank's time moved along its own line to the candidate's size): the log of the slowest
+/// rank's time under each alternative less that under the planned split, averaged with
+/// `slope_forgetting`. The planned split gives way to the better alternative when that is faster
+/// by more than the dead-band (so alike candidates, a quiet cluster, keep the planned split), and
+/// comes back when it is faster by the dead-band and two standard errors of the average: a run of
+/// lucky iterations of a split that chases noise does not bring it back, a lasting change, which
+/// it follows and the alternatives do not, does within a few iterations. The planned split follows what the last iterations predict. Where they
+/// predict nothing, because every rank's speed is drawn afresh each iteration (8 ranks on 2 cores)
+/// or alternates, following them is slower than the long-run split or the planned splits' mean,
+/// and the scores show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Steady {
+    /// The long-run split (empty before the first observation that counts) and its sums: per
+    /// rank, the forgotten `(Σ b, Σ t)`.
+    pub sizes: Vec<usize>,
+    pub totals: Vec<(f64, f64)>,
+    /// The planned splits' forgotten mean, and that mean as a split of B.
+    pub mean: Vec<f64>,
+    pub mean_sizes: Vec<usize>,
+    /// For the long-run and the mean split, the forgotten sums of `d` and `d²`, `d` the log of its
+    /// slowest rank's time less the planned split's; then the forgotten `Σ w` and `Σ w²` (the
+    /// weights' effective count is `(Σ w)²/Σ w²`).
+    pub scores: [(f64, f64); 2],
+    pub weights: (f64, f64),
+    /// The candidate in play: 0 planned, 1 long-run, 2 mean.
+    pub play: usize,
 }
 
 /// The risk model: how often, in an iteration, some rank at its base speed is lifted (an onset)
@@ -728,6 +764,7 @@ impl Balancer {
             epoch_totals: vec![(0.0, 0.0); world],
             shape: (0.0, 0.0),
             risk: Risk::default(),
+            steady: Steady::default(),
         })
     }
 
@@ -738,7 +775,11 @@ impl Balancer {
 
     /// The split of the next full global batch.
     pub fn sizes(&self) -> &[usize] {
-        &self.sizes
+        match self.steady.play {
+            1 => &self.steady.sizes,
+            2 => &self.steady.mean_sizes,
+            _ => &self.sizes,
+        }
     }
 
     /// The split of a global batch of `total` samples: [`Balancer::sizes`] for a full batch; for the
@@ -746,7 +787,7 @@ impl Balancer {
     /// bounds hold there too.
     pub fn split(&self, total: usize) -> Vec<usize> {
         let lows: Vec<usize> = self.bounds.iter().map(|b| b.0).collect();
-        crate::shard::rescale_above(&self.sizes, total, &lows)
+        crate::shard::rescale_above(self.sizes(), total, &lows)
     }
 
     /// Records every rank's measurements of the iteration just computed and, under `lbbsp`, picks
@@ -781,6 +822,15 @@ impl Balancer {
         if self.cfg.policy == Policy::Lbbsp && self.seen < self.cfg.warmup_iters + self.cfg.probe_iters {
             self.sizes = self.probe(self.seen);
         } else if self.cfg.policy == Policy::Lbbsp {
+            self.hold_or_plan(obs);
+            // While an alternative plays, the planned split moves from the one played, a step of
+            // the balancer from where the cluster is: planned from splits nobody ran, its steps
+            // would go unchecked. Coming back, it moves on from its own last step.
+            if self.steady.play > 0 {
+                for (b, o) in self.sizes.iter_mut().zip(obs) {
+                    *b = o.batch;
+                }
+            }
             let rho = self.shape();
             let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.next_line(rho)).collect();
             if let Some(lines) = lines {
@@ -790,6 +840,81 @@ impl Balancer {
                 self.adopt(&planned);
             }
         }
+    }
+
+    /// Scores the candidate splits of the iteration just observed on its times and chooses the one
+    /// to play next; then moves the long-run and the mean split ([`Steady`]).
+    fn hold_or_plan(&mut self, obs: &[Observation]) {
+        let rho = self.shape();
+        let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line_with(rho)).collect();
+        let (l, band) = (self.cfg.forgetting, -(1.0 - self.cfg.dead_band).ln());
+        let st = &mut self.steady;
+        if let (Some(lines), false) = (lines, st.sizes.is_empty() || st.mean_sizes.is_empty()) {
+            // The slowest time of a candidate: each rank's time moved along its line to the
+            // candidate's size.
+            let slowest = |c: &[usize]| {
+                obs.iter()
+                    .zip(&lines)
+                    .zip(c)
+                    .map(|((o, l), &b)| o.compute_s * l.at(b) / l.at(o.batch).max(1e-300))
+                    .fold(0.0, f64::max)
+            };
+            let planned = slowest(&self.sizes).ln();
+            let (before, w_before) = (st.scores, st.weights.0);
+            let mut now = [0.0; 2];
+            for ((score, c), now) in st.scores.iter_mut().zip([&st.sizes, &st.mean_sizes]).zip(&mut now) {
+                let d = slowest(c).ln() - planned;
+                if d.is_finite() {
+                    *score = (l * score.0 + d, l * score.1 + d * d);
+                    *now = d;
+                }
+            }
+            st.weights = (l * st.weights.0 + 1.0, l * l * st.weights.1 + 1.0);
+            // Each alternative's mean lead over the planned split, and the margin it must pass.
+            let (w, w2) = st.weights;
+            let lead = |s: (f64, f64)| {
+                let mean = s.0 / w;
+                let sd = (s.1 / w - mean * mean).max(0.0).sqrt();
+                (-mean, band + 2.0 * sd * (w2.sqrt() / w))
+            };
+            let (a, b) = (lead(st.scores[0]), lead(st.scores[1]));
+            let (alt, (gain, margin)) = if a.0 >= b.0 { (1, a) } else { (2, b) };
+            // The planned split comes back at once when the alternative in play was slower by a
+            // jump this iteration, and by more than three of its deviations so far: a change of
+            // speed, which the alternatives follow late (where such losses are the usual noise,
+            // as on 8 ranks sharing 2 cores, they are not one).
+            let jumped = st.play > 0 && w_before > 0.0 && {
+                let (s, d) = (before[st.play - 1], now[st.play - 1]);
+                let mean = s.0 / w_before;
+                let sd = (s.1 / w_before - mean * mean).max(0.0).sqrt();
+                d > self.cfg.jump.ln_1p() && d > mean + 3.0 * sd
+            };
+            st.play = match st.play {
+                0 if gain > margin => alt,
+                0 => 0,
+                _ if jumped || gain < -margin => 0,
+                _ => alt,
+            };
+        }
+        if st.totals.len() != obs.len() {
+            st.totals = vec![(0.0, 0.0); obs.len()];
+            st.mean = self.sizes.iter().map(|&b| b as f64).collect();
+        }
+        let ls = self.cfg.slope_forgetting;
+        for (tot, o) in st.totals.iter_mut().zip(obs) {
+            *tot = (ls * tot.0 + o.batch as f64, ls * tot.1 + o.compute_s);
+        }
+        let f = self.cfg.forgetting;
+        for (m, &b) in st.mean.iter_mut().zip(&self.sizes) {
+            *m = f * *m + (1.0 - f) * b as f64;
+        }
+        if st.totals.iter().all(|&(b, t)| b > 0.0 && t > 0.0) {
+            let long: Vec<Line> = st.totals.iter().map(|&(b, t)| Line { alpha: 0.0, beta: t / b }).collect();
+            st.sizes = equalize(&long, self.global_batch, &self.bounds);
+        }
+        // Sizes in proportion to the mean: the lines of ranks that take `mean_i` samples per second.
+        let by_mean: Vec<Line> = st.mean.iter().map(|&m| Line { alpha: 0.0, beta: 1.0 / m.max(1e-9) }).collect();
+        st.mean_sizes = equalize(&by_mean, self.global_batch, &self.bounds);
     }
 
     /// The equal split with every other rank moved up or down by the probe amplitude (alternating

@@ -77,8 +77,12 @@ fn stress_cases_keep_the_split_whole_steady_and_the_loss_right() {
     let reference = plain_loss();
     let (rev, _) = stress("stress-slowed-20x", 2, &["--slowdown", "1:20"], reference);
     assert!(rev <= 10.0, "slowed 20×: {rev:.1} reversals of the split per 100 iterations");
-    // Not bounded yet: on real runs the split still follows the scheduler's per-iteration noise
-    // of 8 ranks on 2 cores and the alternating rank (docs/reliability.md, "Stress").
+    // The alternating rank: the planned split would follow each iteration's speed into the next;
+    // the long-run and mean splits (balance::Steady) score better and play instead.
+    let (rev, _) = stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
+    assert!(rev <= 10.0, "alternating rank: {rev:.1} reversals of the split per 100 iterations");
+    // Not bounded yet: in some runs of 8 ranks on 2 cores a rank's speed lasts for a few
+    // iterations, the planned split comes back, and it follows the scheduler's noise
+    // (docs/reliability.md, "Stress").
     stress("stress-8-ranks", 8, &[], reference);
-    stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
 }
