@@ -599,8 +599,8 @@ pub struct Balancer {
     /// What excursions from base speeds have done lately (the risk model).
     #[serde(default)]
     pub risk: Risk,
-    /// The steady split, and the scores that choose between it and the planned one (see
-    /// [`Steady`]); `lbbsp` only.
+    /// The two alternatives to the planned split, and the scores that choose which one plays
+    /// (see [`Steady`]); `lbbsp` only.
     #[serde(default)]
     pub steady: Steady,
 }
@@ -608,17 +608,20 @@ pub struct Balancer {
 /// Two more candidate splits for `lbbsp`, which do not follow the last iterations: the split
 /// that equalises every rank's long-run time per sample (its sizes and times summed, forgotten with
 /// `slope_forgetting`), and the planned splits' own recent mean (forgotten with `forgetting`).
-/// Each iteration all three are scored on the times the ranks took, as if each had been played
-/// (each rank's time moved along its own line to the candidate's size): the log of the slowest
-/// rank's time under each alternative less that under the planned split, averaged with
-/// `slope_forgetting`. The planned split gives way to the better alternative when that is faster
-/// by more than the dead-band (so alike candidates, a quiet cluster, keep the planned split), and
-/// comes back when it is faster by the dead-band and two standard errors of the average: a run of
-/// lucky iterations of a split that chases noise does not bring it back, a lasting change, which
-/// it follows and the alternatives do not, does within a few iterations. The planned split follows what the last iterations predict. Where they
-/// predict nothing, because every rank's speed is drawn afresh each iteration (8 ranks on 2 cores)
-/// or alternates, following them is slower than the long-run split or the planned splits' mean,
-/// and the scores show it.
+///
+/// The planned split follows what the last iterations predict. Where they predict nothing,
+/// because every rank's speed is drawn afresh each iteration (8 ranks on 2 cores) or alternates,
+/// following them is slower than the long-run split or the planned splits' mean, and the scores
+/// show it. Each iteration all three are scored on the times the ranks took, as if each had been
+/// played (each rank's time moved along its own line to the candidate's size): the log of the
+/// slowest rank's time under each alternative less that under the planned split, averaged with
+/// `forgetting`.
+/// - The planned split gives way to the better alternative when that leads by more than the
+///   dead-band, so alike candidates (a quiet cluster) keep the planned split.
+/// - It comes back when it leads by the dead-band and two standard errors of the average, so a run
+///   of lucky iterations of a split that chases noise does not bring it back; or at once when the
+///   alternative in play was slower by a jump (`balance.jump`) beyond three of its deviations so
+///   far, a change of speed, which the alternatives follow late.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Steady {
     /// The long-run split (empty before the first observation that counts) and its sums: per
@@ -822,7 +825,7 @@ impl Balancer {
         if self.cfg.policy == Policy::Lbbsp && self.seen < self.cfg.warmup_iters + self.cfg.probe_iters {
             self.sizes = self.probe(self.seen);
         } else if self.cfg.policy == Policy::Lbbsp {
-            self.hold_or_plan(obs);
+            self.choose_split(obs);
             // While an alternative plays, the planned split moves from the one played, a step of
             // the balancer from where the cluster is: planned from splits nobody ran, its steps
             // would go unchecked. Coming back, it moves on from its own last step.
@@ -844,7 +847,7 @@ impl Balancer {
 
     /// Scores the candidate splits of the iteration just observed on its times and chooses the one
     /// to play next; then moves the long-run and the mean split ([`Steady`]).
-    fn hold_or_plan(&mut self, obs: &[Observation]) {
+    fn choose_split(&mut self, obs: &[Observation]) {
         let rho = self.shape();
         let lines: Option<Vec<Line>> = self.fits.iter().map(|f| f.line_with(rho)).collect();
         let (l, band) = (self.cfg.forgetting, -(1.0 - self.cfg.dead_band).ln());
@@ -873,8 +876,7 @@ impl Balancer {
             // Each alternative's mean lead over the planned split, and the margin it must pass.
             let (w, w2) = st.weights;
             let lead = |s: (f64, f64)| {
-                let mean = s.0 / w;
-                let sd = (s.1 / w - mean * mean).max(0.0).sqrt();
+                let (mean, sd) = moments(s, w);
                 (-mean, band + 2.0 * sd * (w2.sqrt() / w))
             };
             let (a, b) = (lead(st.scores[0]), lead(st.scores[1]));
@@ -884,9 +886,8 @@ impl Balancer {
             // speed, which the alternatives follow late (where such losses are the usual noise,
             // as on 8 ranks sharing 2 cores, they are not one).
             let jumped = st.play > 0 && w_before > 0.0 && {
-                let (s, d) = (before[st.play - 1], now[st.play - 1]);
-                let mean = s.0 / w_before;
-                let sd = (s.1 / w_before - mean * mean).max(0.0).sqrt();
+                let (mean, sd) = moments(before[st.play - 1], w_before);
+                let d = now[st.play - 1];
                 d > self.cfg.jump.ln_1p() && d > mean + 3.0 * sd
             };
             st.play = match st.play {
@@ -1131,6 +1132,12 @@ impl Balancer {
             self.sizes = proposal;
         }
     }
+}
+
+/// The mean and standard deviation of forgotten sums `(Σ w·x, Σ w·x²)` of total weight `w > 0`.
+fn moments((sum, squares): (f64, f64), w: f64) -> (f64, f64) {
+    let mean = sum / w;
+    (mean, (squares / w - mean * mean).max(0.0).sqrt())
 }
 
 /// The expected largest of independent two-valued variables, each `(low, high, P(high))`.
