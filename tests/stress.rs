@@ -4,31 +4,21 @@
 //! the loss of a plain run; the balancer's oscillation is measured in each and bounded where the
 //! balancer holds it (docs/reliability.md, "Stress").
 //!
-//! Oscillation is counted as *reversals*: iterations where a rank's batch moved by at least 2% of
-//! B one way and then at least 2% of B the other way at the next move. A balancer that chased an
-//! alternating rank would reverse at every iteration (100 per 100); smaller moves are the
-//! dead-band's and the noise's and are not counted.
+//! Oscillation is counted as *reversals* ([`lbbsp::balance::Reversals`]): iterations where a
+//! rank's batch moved by at least 2% of B one way and then at least 2% of B the other way at the
+//! next move. A balancer that chased an alternating rank would reverse at every iteration (100 per
+//! 100); smaller moves are the dead-band's and the noise's and are not counted.
 
 mod common;
 use common::*;
+use lbbsp::balance::Reversals;
 use lbbsp::train::metrics::{read_records, IterRecord};
 
 /// Reversals of the split per 100 iterations, the worst rank's (see the module's doc).
 fn reversals_per_100(records: &[IterRecord]) -> f64 {
-    let world = records[0].batch_sizes.len();
-    let big = (records[0].global_batch as f64 * 0.02).max(1.0);
-    let worst = (0..world)
-        .map(|r| {
-            let moves: Vec<f64> = records
-                .windows(2)
-                .map(|w| w[1].batch_sizes[r] as f64 - w[0].batch_sizes[r] as f64)
-                .filter(|d| d.abs() >= big)
-                .collect();
-            moves.windows(2).filter(|m| m[0].signum() != m[1].signum()).count()
-        })
-        .max()
-        .unwrap_or(0);
-    100.0 * worst as f64 / records.len() as f64
+    let mut r = Reversals::new(records[0].global_batch, records[0].batch_sizes.len());
+    records.iter().for_each(|rec| r.record(&rec.batch_sizes));
+    r.per_100()
 }
 
 /// Trains mnist-mlp for one epoch on `ranks` ranks with `extra` settings and checks the split of

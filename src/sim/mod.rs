@@ -15,7 +15,7 @@ pub mod scenario;
 
 pub use scenario::{Cluster, Scenario};
 
-use crate::balance::{equalize, BalanceConfig, Balancer, Line, Observation, Policy};
+use crate::balance::{equalize, BalanceConfig, Balancer, Line, Observation, Policy, Reversals};
 use crate::error::Result;
 use crate::shard::equal_split;
 use crate::train::metrics::IterRecord;
@@ -68,6 +68,10 @@ pub struct PolicyResult {
     /// The longest run of iterations in which some rank's batch stayed below half of its
     /// equal-time share (the oracle's size for it).
     pub longest_starved: usize,
+    /// How much the split oscillated: the worst rank's reversals per 100 iterations
+    /// ([`crate::balance::Reversals`]).
+    #[serde(default)]
+    pub reversals_per_100: f64,
 }
 
 /// A simulation's results, one per policy.
@@ -99,6 +103,7 @@ struct Track {
     span: f64,
     starved_run: Vec<usize>,
     longest_starved: usize,
+    reversals: Reversals,
 }
 
 /// Runs every policy of [`SimPolicy::ALL`] on `scenario` at `ranks` ranks, the balancing policies
@@ -146,6 +151,7 @@ pub fn simulate(
                 }
             }
             let slowest = tr.compute(&lines, &noise, &oracle);
+            tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + comm_s);
             tr.observe(&mut obs, &share, (t + 1) % scenario.epoch_iters == 0);
             if let Some(rec) = record.as_mut() {
@@ -180,6 +186,7 @@ impl Track {
             span: 0.0,
             starved_run: vec![0; n],
             longest_starved: 0,
+            reversals: Reversals::new(big_b, n),
         })
     }
 
@@ -245,6 +252,7 @@ fn summarise(
                 vs_oracle: rate(&tr.times) / oracle_rate,
                 recovery,
                 longest_starved: tr.longest_starved,
+                reversals_per_100: tr.reversals.per_100(),
             }
         })
         .collect();

@@ -98,13 +98,13 @@ fn print_result(r: &SimResult, took: f64) {
         1e3 * r.comm_s
     );
     println!(
-        "{:<20} {:>12} {:>9} {:>9} {:>6} {:>9} {:>14} {:>9}",
-        "policy", "samples/s", "mean ms", "p99 ms", "idle", "vs oracle", "recovery max", "starved"
+        "{:<20} {:>12} {:>9} {:>9} {:>6} {:>9} {:>14} {:>9} {:>8}",
+        "policy", "samples/s", "mean ms", "p99 ms", "idle", "vs oracle", "recovery max", "starved", "rev/100"
     );
     for p in &r.policies {
         let rec = p.recovery.iter().max().map_or("-".to_string(), |m| format!("{m} ({} ch.)", p.recovery.len()));
         println!(
-            "{:<20} {:>12.0} {:>9.3} {:>9.3} {:>5.1}% {:>9.3} {:>14} {:>9}",
+            "{:<20} {:>12.0} {:>9.3} {:>9.3} {:>5.1}% {:>9.3} {:>14} {:>9} {:>8.1}",
             p.policy.name(),
             p.samples_per_s,
             1e3 * p.mean_iter_s,
@@ -112,17 +112,28 @@ fn print_result(r: &SimResult, took: f64) {
             100.0 * p.idle_fraction,
             p.vs_oracle,
             rec,
-            p.longest_starved
+            p.longest_starved,
+            p.reversals_per_100
         );
     }
 }
 
 /// Every shipped scenario at every suite size: one row each, throughput as a fraction of the
-/// oracle's per policy, lbbsp's worst recovery and longest starvation.
+/// oracle's per policy, lbbsp's worst recovery, longest starvation and reversals per 100 iterations.
 fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
     println!(
-        "{:<15} {:>6} {:>7} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9} {:>7}",
-        "scenario", "ranks", "bsp", "prop-ep", "lbbsp", "late-orc", "oracle", "lbbsp rec.", "starved", "sim s"
+        "{:<15} {:>6} {:>7} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9} {:>8} {:>7}",
+        "scenario",
+        "ranks",
+        "bsp",
+        "prop-ep",
+        "lbbsp",
+        "late-orc",
+        "oracle",
+        "lbbsp rec.",
+        "starved",
+        "rev/100",
+        "sim s"
     );
     let mut all = Vec::new();
     for (name, _) in SHIPPED {
@@ -137,7 +148,7 @@ fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
             let of = |p| r.get(p).map_or(f64::NAN, |x| x.vs_oracle);
             let lb = r.get(SimPolicy::Lbbsp).expect("lbbsp runs");
             println!(
-                "{:<15} {:>6} {:>7.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>12} {:>9} {:>7.2}",
+                "{:<15} {:>6} {:>7.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>12} {:>9} {:>8.1} {:>7.2}",
                 name,
                 ranks,
                 of(SimPolicy::Bsp),
@@ -147,6 +158,7 @@ fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
                 1.0,
                 lb.recovery.iter().max().map_or("-".into(), |m| m.to_string()),
                 lb.longest_starved,
+                lb.reversals_per_100,
                 took
             );
             all.push(r);
