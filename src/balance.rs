@@ -83,6 +83,10 @@ pub struct BalanceConfig {
     pub detect: f64,
     /// Keep the current split unless the new one is predicted faster by more than this fraction.
     pub dead_band: f64,
+    /// The planned split plays only while its mean lead over the steadier alternatives
+    /// ([`Steady`]) is this many deviations of that lead from one iteration to the next: where the
+    /// candidates differ mostly by noise, the split that moves less plays.
+    pub planned_lead: f64,
     /// A time this far from the prediction (`t/p > 1 + jump` or `p/t > 1 + jump`) is a change of
     /// speed at once: the detector's threshold is `ln(1 + jump) − ln(1 + detect)/2`. Every
     /// iteration spent waiting costs the whole cluster, while a one-off spike adopted costs one
@@ -116,6 +120,7 @@ impl Default for BalanceConfig {
             // A co-located job often slows a rank by 15–25%: such a change must be detected.
             detect: 0.15,
             dead_band: 0.002,
+            planned_lead: 0.4,
             jump: 0.6,
             signal: true,
             warmup_iters: 5,
@@ -157,6 +162,9 @@ impl BalanceConfig {
         }
         if !(0.0..1.0).contains(&self.dead_band) {
             return Err(Error::config("balance.dead_band", "must be in [0, 1)"));
+        }
+        if !(self.planned_lead >= 0.0 && self.planned_lead.is_finite()) {
+            return Err(Error::config("balance.planned_lead", "must be a finite number ≥ 0 (0: the mean lead alone)"));
         }
         if !(0.0..1.0).contains(&self.probe_amplitude) {
             return Err(Error::config("balance.probe_amplitude", "must be in [0, 1)"));
@@ -615,13 +623,16 @@ pub struct Balancer {
 /// show it. Each iteration all three are scored on the times the ranks took, as if each had been
 /// played (each rank's time moved along its own line to the candidate's size): the log of the
 /// slowest rank's time under each alternative less that under the planned split, averaged with
-/// `forgetting`.
-/// - The planned split gives way to the better alternative when that leads by more than the
-///   dead-band, so alike candidates (a quiet cluster) keep the planned split.
-/// - It comes back when it leads by the dead-band and two standard errors of the average, so a run
-///   of lucky iterations of a split that chases noise does not bring it back; or at once when the
-///   alternative in play was slower by a jump (`balance.jump`) beyond three of its deviations so
-///   far, a change of speed, which the alternatives follow late.
+/// `forgetting`. The planned split plays only while its mean lead over the better alternative is
+/// `balance.planned_lead` deviations of that lead from one iteration to the next: a planned split
+/// level with the alternatives on average moves far more than they do, and turns with each turn of
+/// the noise (8 ranks on 2 cores, where a rank keeps or loses a core for a few iterations).
+/// - The planned split gives way when its lead falls below that level less the hysteresis (the
+///   dead-band and two standard errors of the mean).
+/// - It comes back when its lead passes the level and the hysteresis, so a run of lucky iterations
+///   of a split that chases noise does not bring it back; or at once when the alternative in play
+///   was slower by a jump (`balance.jump`) beyond three of its deviations so far, a change of
+///   speed, which the alternatives follow late.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Steady {
     /// The long-run split (empty before the first observation that counts) and its sums: per
@@ -638,6 +649,11 @@ pub struct Steady {
     pub weights: (f64, f64),
     /// The candidate in play: 0 planned, 1 long-run, 2 mean.
     pub play: usize,
+    /// Per alternative, its last `d` and the forgotten `(Σ w, Σ w·(d − d_before)²/2)`.
+    #[serde(default)]
+    pub last: [f64; 2],
+    #[serde(default)]
+    pub jitter: [(f64, f64); 2],
 }
 
 /// The risk model: how often, in an iteration, some rank at its base speed is lifted (an onset)
@@ -865,22 +881,33 @@ impl Balancer {
             let planned = slowest(&self.sizes).ln();
             let (before, w_before) = (st.scores, st.weights.0);
             let mut now = [0.0; 2];
-            for ((score, c), now) in st.scores.iter_mut().zip([&st.sizes, &st.mean_sizes]).zip(&mut now) {
-                let d = slowest(c).ln() - planned;
+            let cands = [&st.sizes, &st.mean_sizes];
+            for k in 0..2 {
+                let d = slowest(cands[k]).ln() - planned;
                 if d.is_finite() {
-                    *score = (l * score.0 + d, l * score.1 + d * d);
-                    *now = d;
+                    let s = st.scores[k];
+                    st.scores[k] = (l * s.0 + d, l * s.1 + d * d);
+                    if w_before > 0.0 {
+                        let (j, step) = (st.jitter[k], d - st.last[k]);
+                        st.jitter[k] = (l * j.0 + 1.0, l * j.1 + 0.5 * step * step);
+                    }
+                    st.last[k] = d;
+                    now[k] = d;
                 }
             }
             st.weights = (l * st.weights.0 + 1.0, l * l * st.weights.1 + 1.0);
-            // Each alternative's mean lead over the planned split, and the margin it must pass.
+            // Against each alternative: the planned split's mean lead (the mean `d`); the lead it
+            // needs to play, `planned_lead` deviations of `d` from one iteration to the next (half
+            // the mean squared step: a change of speed moves `d` once and is not noise); and the
+            // hysteresis about that, the dead-band and two standard errors of the mean.
             let (w, w2) = st.weights;
-            let lead = |s: (f64, f64)| {
-                let (mean, sd) = moments(s, w);
-                (-mean, band + 2.0 * sd * (w2.sqrt() / w))
+            let against = |k: usize| {
+                let (jw, j) = st.jitter[k];
+                let noise = if jw > 0.0 { (j / jw).sqrt() } else { 0.0 };
+                (st.scores[k].0 / w, self.cfg.planned_lead * noise, band + 2.0 * noise * (w2.sqrt() / w))
             };
-            let (a, b) = (lead(st.scores[0]), lead(st.scores[1]));
-            let (alt, (gain, margin)) = if a.0 >= b.0 { (1, a) } else { (2, b) };
+            let (a, b) = (against(0), against(1));
+            let (alt, (ahead, needed, margin)) = if a.0 <= b.0 { (1, a) } else { (2, b) };
             // The planned split comes back at once when the alternative in play was slower by a
             // jump this iteration, and by more than three of its deviations so far: a change of
             // speed, which the alternatives follow late (where such losses are the usual noise,
@@ -891,12 +918,18 @@ impl Balancer {
                 d > self.cfg.jump.ln_1p() && d > mean + 3.0 * sd
             };
             st.play = match st.play {
-                0 if gain > margin => alt,
+                0 if ahead < needed - margin => alt,
                 0 => 0,
-                _ if jumped || gain < -margin => 0,
+                _ if jumped || ahead > needed + margin => 0,
                 _ => alt,
             };
         }
+        self.move_alternatives(obs);
+    }
+
+    /// Adds the iteration to the long-run totals and the planned splits' mean, and re-splits both.
+    fn move_alternatives(&mut self, obs: &[Observation]) {
+        let st = &mut self.steady;
         if st.totals.len() != obs.len() {
             st.totals = vec![(0.0, 0.0); obs.len()];
             st.mean = self.sizes.iter().map(|&b| b as f64).collect();

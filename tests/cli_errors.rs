@@ -39,6 +39,7 @@ fn unknown_recipe_key_is_named() {
 fn impossible_batch_is_explained() {
     fails_with(&["train", "digits-mlp", "--set", "train.global_batch=0"], None, &["train.global_batch"]);
     fails_with(&["train", "digits-mlp", "--set", "balance.b_max=10"], None, &["balance.b_max"]);
+    fails_with(&["train", "digits-mlp", "--set", "balance.planned_lead=-1"], None, &["balance.planned_lead", "≥ 0"]);
 }
 
 #[test]

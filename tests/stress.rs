@@ -1,8 +1,8 @@
 //! The mpirun tier's stress cases, bounded in time: 8 ranks on the machine's cores
 //! (`--oversubscribe`), a rank slowed 20×, and a rank whose speed alternates every iteration. In
 //! each, under `lbbsp`, every iteration's split sums to B within the bounds and training reaches
-//! the loss of a plain run; the balancer's oscillation is measured in each and bounded where the
-//! balancer holds it (docs/reliability.md, "Stress").
+//! the loss of a plain run, and the balancer's oscillation is measured and bounded
+//! (docs/reliability.md, "Stress").
 //!
 //! Oscillation is counted as *reversals* ([`lbbsp::balance::Reversals`]): iterations where a
 //! rank's batch moved by at least 2% of B one way and then at least 2% of B the other way at the
@@ -71,8 +71,10 @@ fn stress_cases_keep_the_split_whole_steady_and_the_loss_right() {
     // the long-run and mean splits (balance::Steady) score better and play instead.
     let (rev, _) = stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
     assert!(rev <= 10.0, "alternating rank: {rev:.1} reversals of the split per 100 iterations");
-    // Not bounded yet: in some runs of 8 ranks on 2 cores a rank's speed lasts for a few
-    // iterations, the planned split comes back, and it follows the scheduler's noise
-    // (docs/reliability.md, "Stress").
-    stress("stress-8-ranks", 8, &[], reference);
+    // 8 ranks on 2 cores: a rank that keeps or loses a core for a few iterations is followed (and
+    // the split turns at each end), a one-off stall for one iteration; the planned split plays only
+    // while it leads the steadier alternatives by more than the noise of its lead, so the split
+    // does not follow the scheduler from iteration to iteration (docs/reliability.md, "Stress").
+    let (rev, _) = stress("stress-8-ranks", 8, &[], reference);
+    assert!(rev <= 20.0, "8 ranks on 2 cores: {rev:.1} reversals of the split per 100 iterations");
 }

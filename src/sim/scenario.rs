@@ -507,7 +507,7 @@ impl Cluster {
 
 /// The scenarios shipped in `scenarios/`, embedded so that `lbbsp simulate steady-hog` works from
 /// any folder.
-pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes", "oversubscribed", "alternating");
+pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes", "oversubscribed", "oversubscribed-lasting", "alternating");
 
 /// A scenario file, or the name of a shipped one.
 pub fn resolve(name_or_path: &str) -> Result<Scenario> {

@@ -122,7 +122,7 @@ fn print_result(r: &SimResult, took: f64) {
 /// oracle's per policy, lbbsp's worst recovery, longest starvation and reversals per 100 iterations.
 fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
     println!(
-        "{:<15} {:>6} {:>7} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9} {:>8} {:>7}",
+        "{:<22} {:>6} {:>7} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9} {:>8} {:>7}",
         "scenario",
         "ranks",
         "bsp",
@@ -148,7 +148,7 @@ fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
             let of = |p| r.get(p).map_or(f64::NAN, |x| x.vs_oracle);
             let lb = r.get(SimPolicy::Lbbsp).expect("lbbsp runs");
             println!(
-                "{:<15} {:>6} {:>7.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>12} {:>9} {:>8.1} {:>7.2}",
+                "{:<22} {:>6} {:>7.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>12} {:>9} {:>8.1} {:>7.2}",
                 name,
                 ranks,
                 of(SimPolicy::Bsp),
