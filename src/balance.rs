@@ -87,6 +87,8 @@ pub struct BalanceConfig {
     /// ([`Steady`]) is this many deviations of that lead from one iteration to the next: where the
     /// candidates differ mostly by noise, the split that moves less plays.
     pub planned_lead: f64,
+    /// The alternative in play stays unless the other is faster by more than this fraction.
+    pub alternative_hold: f64,
     /// A time this far from the prediction (`t/p > 1 + jump` or `p/t > 1 + jump`) is a change of
     /// speed at once: the detector's threshold is `ln(1 + jump) − ln(1 + detect)/2`. Every
     /// iteration spent waiting costs the whole cluster, while a one-off spike adopted costs one
@@ -121,6 +123,7 @@ impl Default for BalanceConfig {
             detect: 0.15,
             dead_band: 0.002,
             planned_lead: 0.4,
+            alternative_hold: 0.01,
             jump: 0.6,
             signal: true,
             warmup_iters: 5,
@@ -165,6 +168,9 @@ impl BalanceConfig {
         }
         if !(self.planned_lead >= 0.0 && self.planned_lead.is_finite()) {
             return Err(Error::config("balance.planned_lead", "must be a finite number ≥ 0 (0: the mean lead alone)"));
+        }
+        if !(0.0..1.0).contains(&self.alternative_hold) {
+            return Err(Error::config("balance.alternative_hold", "must be in [0, 1)"));
         }
         if !(0.0..1.0).contains(&self.probe_amplitude) {
             return Err(Error::config("balance.probe_amplitude", "must be in [0, 1)"));
@@ -907,7 +913,16 @@ impl Balancer {
                 (st.scores[k].0 / w, self.cfg.planned_lead * noise, band + 2.0 * noise * (w2.sqrt() / w))
             };
             let (a, b) = (against(0), against(1));
-            let (alt, (ahead, needed, margin)) = if a.0 <= b.0 { (1, a) } else { (2, b) };
+            // The alternative in play stays unless the other leads it by `alternative_hold`: two
+            // alike alternatives otherwise take turns in phase with a rank that alternates.
+            let hold = -(1.0 - self.cfg.alternative_hold).ln();
+            let better = match st.play {
+                1 if a.0 <= b.0 + hold => 1,
+                2 if b.0 <= a.0 + hold => 2,
+                _ if a.0 <= b.0 => 1,
+                _ => 2,
+            };
+            let (alt, (ahead, needed, margin)) = if better == 1 { (1, a) } else { (2, b) };
             // The planned split comes back at once when the alternative in play was slower by a
             // jump this iteration, and by more than three of its deviations so far: a change of
             // speed, which the alternatives follow late (where such losses are the usual noise,
