@@ -639,6 +639,9 @@ pub struct Balancer {
 ///   of a split that chases noise does not bring it back; or at once when the alternative in play
 ///   was slower by a jump (`balance.jump`) beyond three of its deviations so far, a change of
 ///   speed, which the alternatives follow late.
+/// - Of the two alternatives, the one in play stays unless the other is faster by
+///   `balance.alternative_hold`: alike on average, they would otherwise take turns in phase with a
+///   rank that alternates.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Steady {
     /// The long-run split (empty before the first observation that counts) and its sums: per
@@ -1379,7 +1382,6 @@ impl Reversals {
     pub fn record(&mut self, sizes: &[usize]) {
         self.iterations += 1;
         if self.last.len() != sizes.len() {
-            *self = Reversals { big: self.big, iterations: self.iterations, ..Reversals::default() };
             self.sign = vec![0; sizes.len()];
             self.count = vec![0; sizes.len()];
         } else {
