@@ -89,6 +89,9 @@ pub struct BalanceConfig {
     pub planned_lead: f64,
     /// The alternative in play stays unless the other is faster by more than this fraction.
     pub alternative_hold: f64,
+    /// The planned splits' mean split moves only where some rank's mean has moved by more than
+    /// this many standard errors of that mean (a planned split that swings swings its mean too).
+    pub mean_hold: f64,
     /// A time this far from the prediction (`t/p > 1 + jump` or `p/t > 1 + jump`) is a change of
     /// speed at once: the detector's threshold is `ln(1 + jump) − ln(1 + detect)/2`. Every
     /// iteration spent waiting costs the whole cluster, while a one-off spike adopted costs one
@@ -124,6 +127,7 @@ impl Default for BalanceConfig {
             dead_band: 0.002,
             planned_lead: 0.4,
             alternative_hold: 0.01,
+            mean_hold: 1.0,
             jump: 0.6,
             signal: true,
             warmup_iters: 5,
@@ -171,6 +175,12 @@ impl BalanceConfig {
         }
         if !(0.0..1.0).contains(&self.alternative_hold) {
             return Err(Error::config("balance.alternative_hold", "must be in [0, 1)"));
+        }
+        if !(self.mean_hold >= 0.0 && self.mean_hold.is_finite()) {
+            return Err(Error::config(
+                "balance.mean_hold",
+                "must be a finite number of standard errors ≥ 0 (0: no hold)",
+            ));
         }
         if !(0.0..1.0).contains(&self.probe_amplitude) {
             return Err(Error::config("balance.probe_amplitude", "must be in [0, 1)"));
@@ -642,6 +652,9 @@ pub struct Balancer {
 /// - Of the two alternatives, the one in play stays unless the other is faster by
 ///   `balance.alternative_hold`: alike on average, they would otherwise take turns in phase with a
 ///   rank that alternates.
+/// - The mean split moves only where some rank's mean has moved by more than
+///   `balance.mean_hold` standard errors of it: the mean of a planned split that swings every
+///   iteration swings with the same period, by less.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Steady {
     /// The long-run split (empty before the first observation that counts) and its sums: per
@@ -651,6 +664,9 @@ pub struct Steady {
     /// The planned splits' forgotten mean, and that mean as a split of B.
     pub mean: Vec<f64>,
     pub mean_sizes: Vec<usize>,
+    /// The planned splits' forgotten mean square, per rank (the mean's standard error).
+    #[serde(default)]
+    pub mean_squares: Vec<f64>,
     /// For the long-run and the mean split, the forgotten sums of `d` and `d²`, `d` the log of its
     /// slowest rank's time less the planned split's; then the forgotten `Σ w` and `Σ w²` (the
     /// weights' effective count is `(Σ w)²/Σ w²`).
@@ -957,8 +973,12 @@ impl Balancer {
             *tot = (ls * tot.0 + o.batch as f64, ls * tot.1 + o.compute_s);
         }
         let f = self.cfg.forgetting;
-        for (m, &b) in st.mean.iter_mut().zip(&self.sizes) {
+        if st.mean_squares.len() != st.mean.len() {
+            st.mean_squares = st.mean.iter().map(|m| m * m).collect();
+        }
+        for ((m, q), &b) in st.mean.iter_mut().zip(st.mean_squares.iter_mut()).zip(&self.sizes) {
             *m = f * *m + (1.0 - f) * b as f64;
+            *q = f * *q + (1.0 - f) * (b * b) as f64;
         }
         if st.totals.iter().all(|&(b, t)| b > 0.0 && t > 0.0) {
             let long: Vec<Line> = st.totals.iter().map(|&(b, t)| Line { alpha: 0.0, beta: t / b }).collect();
@@ -966,7 +986,21 @@ impl Balancer {
         }
         // Sizes in proportion to the mean: the lines of ranks that take `mean_i` samples per second.
         let by_mean: Vec<Line> = st.mean.iter().map(|&m| Line { alpha: 0.0, beta: 1.0 / m.max(1e-9) }).collect();
-        st.mean_sizes = equalize(&by_mean, self.global_batch, &self.bounds);
+        let moved = equalize(&by_mean, self.global_batch, &self.bounds);
+        // The mean split moves only where some rank's mean has moved by more than `mean_hold`
+        // standard errors of that mean: a planned split that swings every iteration swings its
+        // mean too, by less but with the same period (with forgetting λ, a swing of ±A every
+        // other iteration leaves ±A·(1 − λ)/(1 + λ) in the mean, always within its standard
+        // error A·√((1 − λ)/(1 + λ))).
+        let k = self.cfg.mean_hold;
+        let within = |(i, (&new, &old)): (usize, (&usize, &usize))| {
+            let (m, q) = (st.mean[i], st.mean_squares[i]);
+            let se = ((q - m * m).max(0.0) * (1.0 - f) / (1.0 + f)).sqrt();
+            (new as f64 - old as f64).abs() <= k * se
+        };
+        if st.mean_sizes.len() != moved.len() || !moved.iter().zip(&st.mean_sizes).enumerate().all(within) {
+            st.mean_sizes = moved;
+        }
     }
 
     /// The equal split with every other rank moved up or down by the probe amplitude (alternating
@@ -1673,5 +1707,30 @@ mod tests {
             }
         }
         assert!(worst < 1.02, "the split follows the noise: max/min {worst:.3}");
+    }
+
+    #[test]
+    fn the_mean_split_holds_still_while_the_planned_split_swings() {
+        // A planned split swinging ±27 of 128 every iteration: its mean (forgetting 0.9) swings by
+        // ±1.4 with the same period, which moves the unheld mean split every iteration; held, the
+        // mean split stays put once the mean has settled.
+        let moves = |mean_hold: f64| {
+            let cfg = BalanceConfig { policy: Policy::Lbbsp, mean_hold, ..Default::default() };
+            let mut bal = Balancer::new(&cfg, 128, 2).unwrap();
+            let obs = [Observation::new(64, 0.01), Observation::new(64, 0.01)];
+            let mut last = Vec::new();
+            let mut moves = 0;
+            for t in 0..200 {
+                bal.sizes = if t % 2 == 0 { vec![91, 37] } else { vec![37, 91] };
+                bal.move_alternatives(&obs);
+                if t >= 100 && bal.steady.mean_sizes != last {
+                    moves += 1;
+                }
+                last = bal.steady.mean_sizes.clone();
+            }
+            moves
+        };
+        assert_eq!(moves(1.0), 0);
+        assert!(moves(0.0) >= 90, "unheld, the mean split moved only {} times", moves(0.0));
     }
 }

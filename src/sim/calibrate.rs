@@ -22,7 +22,7 @@
 
 use crate::balance::Line;
 use crate::error::{Error, Result};
-use crate::sim::scenario::{Comm, Compute, Interference, Scenario, Speeds};
+use crate::sim::scenario::{trace_factors, Comm, Compute, Interference, PerRank, Scenario, Speeds};
 use crate::train::metrics::{read_records, IterRecord};
 use std::path::{Path, PathBuf};
 
@@ -154,10 +154,20 @@ impl Calibration {
     /// The scenario that replays the run: its ranks, iterations and global batch, the calibrated
     /// line with equal speeds and no noise (the trace holds the measured noise), the cost outside
     /// compute as `[comm] fixed_s` (the allreduce's α-β model off: the measured cost holds the
-    /// transfer), and the run itself as a `trace` interference.
-    pub fn scenario(&self) -> Scenario {
+    /// transfer), and the run itself as a `trace` interference; or, `inline`, as a `series` of the
+    /// trace's slowdowns and CPU shares (to 4 decimals), a scenario that needs no other file.
+    pub fn scenario(&self, inline: bool) -> Result<Scenario> {
         let stem = self.path.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
-        Scenario {
+        let interference = if inline {
+            let round = |v: PerRank| -> PerRank {
+                v.into_iter().map(|r| r.into_iter().map(|x| (x * 1e4).round() / 1e4).collect()).collect()
+            };
+            let (factors, shares) = trace_factors(&self.path)?;
+            Interference::Series { factors: round(factors), shares: round(shares) }
+        } else {
+            Interference::Trace { path: self.path.clone() }
+        };
+        Ok(Scenario {
             name: stem,
             description: format!("replay of {} (lbbsp simulate --calibrate)", self.path.display()),
             ranks: self.world,
@@ -167,15 +177,15 @@ impl Calibration {
             seed: 0,
             compute: Compute { alpha_s: self.line.alpha, beta_s: self.line.beta, noise: 0.0, speeds: Speeds::Equal },
             comm: Comm { latency_s: 0.0, bytes: 0.0, fixed_s: self.fixed_s, ..Comm::default() },
-            interference: vec![Interference::Trace { path: self.path.clone() }],
-        }
+            interference: vec![interference],
+        })
     }
 
     /// [`Calibration::scenario`] as TOML, with a header saying what was fitted on what.
-    pub fn scenario_toml(&self) -> String {
+    pub fn scenario_toml(&self, inline: bool) -> Result<String> {
         let how = if self.uncontended { "uncontended" } else { "all (none was uncontended)" };
-        let body = toml::to_string(&self.scenario()).expect("a scenario always serialises");
-        format!(
+        let body = toml::to_string(&self.scenario(inline)?).expect("a scenario always serialises");
+        Ok(format!(
             "# Replays {} ({} ranks, {} iterations, B = {}): the compute line fitted on {} {how} rank-iterations,\n\
              # fixed_s the mean seconds of an iteration after its slowest rank's compute.\n{body}",
             self.path.display(),
@@ -183,7 +193,7 @@ impl Calibration {
             self.iterations,
             self.global_batch,
             self.fitted_on
-        )
+        ))
     }
 }
 
@@ -274,13 +284,16 @@ mod tests {
             .collect();
         let path = write("bsp.jsonl", &bsp);
         let cal = calibrate(&path).unwrap();
-        let text = cal.scenario_toml();
-        let scenario = Scenario::parse(&text, Path::new("replay.toml")).unwrap();
-        assert_eq!(scenario, cal.scenario());
-        let r = simulate(&scenario, 2, &BalanceConfig::default(), None).unwrap();
         let measured = bsp.iter().map(|r| r.iter_s).sum::<f64>() / bsp.len() as f64;
-        let simulated = r.get(SimPolicy::Bsp).unwrap().mean_iter_s;
-        assert!((simulated / measured - 1.0).abs() < 1e-12, "{simulated} vs {measured}");
+        // Inline, the slowdowns are rounded to 4 decimals: within 1e-4 of the run.
+        for (inline, within) in [(false, 1e-12), (true, 1e-4)] {
+            let text = cal.scenario_toml(inline).unwrap();
+            let scenario = Scenario::parse(&text, Path::new("replay.toml")).unwrap();
+            assert_eq!(scenario, cal.scenario(inline).unwrap());
+            let r = simulate(&scenario, 2, &BalanceConfig::default(), None).unwrap();
+            let simulated = r.get(SimPolicy::Bsp).unwrap().mean_iter_s;
+            assert!((simulated / measured - 1.0).abs() < within, "inline {inline}: {simulated} vs {measured}");
+        }
     }
 
     #[test]

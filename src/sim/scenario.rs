@@ -216,6 +216,15 @@ pub enum Interference {
     /// ranks, [`calibrate::trace_line`](super::calibrate::trace_line)) and its CPU share the one
     /// the rank reported; the trace repeats past its end.
     Trace { path: PathBuf },
+    /// A measured run written into the scenario (`lbbsp simulate --calibrate RUN --inline`), so it
+    /// stands alone: per rank of the run, its slowdown each iteration and, optionally, the CPU
+    /// share it reported (1 where absent). Rank `i` follows rank `i mod` their count, repeating
+    /// past the end, as a `trace` does.
+    Series {
+        factors: PerRank,
+        #[serde(default)]
+        shares: PerRank,
+    },
 }
 
 /// The slowdowns of one iteration, and the interference signal each rank reports for it.
@@ -303,6 +312,11 @@ impl Scenario {
         Ok(s)
     }
 
+    /// Whether some interference is a measured run (`trace` or `series`).
+    pub fn measured(&self) -> bool {
+        self.interference.iter().any(|p| matches!(p, Interference::Trace { .. } | Interference::Series { .. }))
+    }
+
     /// The global batch at `n` ranks.
     pub fn global_batch(&self, n: usize) -> usize {
         self.batch_per_rank * n
@@ -331,19 +345,32 @@ impl Interference {
                     Err("rate in [0, 1], mean_iters ≥ 1 and 1 ≤ factor_low ≤ factor_high".into())
                 }
             }
+            Interference::Series { factors, shares } => {
+                let ranks_ok = |v: &PerRank| v.iter().all(|r| !r.is_empty());
+                if factors.is_empty() || !ranks_ok(factors) || !ranks_ok(shares) {
+                    Err("factors needs at least one rank, and every rank of factors and shares at least one iteration"
+                        .into())
+                } else if let Some(f) = factors.iter().flatten().find(|f| !(**f > 0.0 && f.is_finite())) {
+                    Err(format!("factors must be positive slowdowns, got {f}"))
+                } else if let Some(x) = shares.iter().flatten().find(|x| !(**x > 0.0 && **x <= 1.0)) {
+                    Err(format!("shares must be CPU shares in (0, 1], got {x}"))
+                } else {
+                    Ok(())
+                }
+            }
             _ => Ok(()),
         }
     }
 }
 
 /// Values by rank, then by iteration.
-type PerRank = Vec<Vec<f64>>;
+pub(crate) type PerRank = Vec<Vec<f64>>;
 
 /// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over the run's
 /// uncontended line at its batch size (1 where it timed nothing). Against one line, not a ratio
 /// of seconds per sample: with a fixed cost a rank's time per sample falls as its batch grows,
 /// which is no change of speed. Second, the CPU share each rank reported (in (0, 1]).
-fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
+pub(crate) fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
     let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
     let world = records.first().map_or(0, |r| r.batch_sizes.len());
     if world == 0 {
@@ -390,7 +417,7 @@ impl Cluster {
                     on.signal.unwrap_or(true)
                 }
                 Interference::FailSlow { on, .. } => on.signal.unwrap_or(false),
-                Interference::Trace { .. } => false,
+                Interference::Trace { .. } | Interference::Series { .. } => false,
             });
             processes.push(match p {
                 Interference::Steady { on, factor, from, until } => {
@@ -430,6 +457,10 @@ impl Cluster {
                     let (factors, shares) = trace_factors(path)?;
                     Process::Trace { factors, shares }
                 }
+                Interference::Series { factors, shares } => Process::Trace {
+                    factors: factors.clone(),
+                    shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
+                },
             });
         }
         Ok(Cluster { seed, speeds, processes, visible, factor: vec![1.0; n], hidden: vec![1.0; n] })
@@ -507,7 +538,7 @@ impl Cluster {
 
 /// The scenarios shipped in `scenarios/`, embedded so that `lbbsp simulate steady-hog` works from
 /// any folder.
-pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes", "oversubscribed", "oversubscribed-lasting", "alternating");
+pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes", "oversubscribed", "oversubscribed-lasting", "alternating", "alternating-measured");
 
 /// A scenario file, or the name of a shipped one.
 pub fn resolve(name_or_path: &str) -> Result<Scenario> {

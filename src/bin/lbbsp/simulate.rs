@@ -20,7 +20,7 @@ pub struct SimulateArgs {
     /// Iterations [default: the scenario's].
     #[arg(long)]
     iterations: Option<usize>,
-    /// Run every shipped scenario at each of --suite-ranks and print one scoreboard.
+    /// Run every shipped scenario at each of --suite-ranks (a measured one at its own size too) and print one scoreboard.
     #[arg(long, conflicts_with = "scenario")]
     suite: bool,
     /// Cluster sizes of the suite.
@@ -40,11 +40,15 @@ pub struct SimulateArgs {
     /// it spent after each iteration's slowest compute, and the run as a trace interference.
     #[arg(long, value_name = "RUN.jsonl", conflicts_with_all = ["scenario", "suite"])]
     calibrate: Option<PathBuf>,
+    /// With --calibrate: write the run's slowdowns into the scenario (a `series` interference), so
+    /// that it needs no other file.
+    #[arg(long, requires = "calibrate")]
+    inline: bool,
 }
 
 pub fn run(args: &SimulateArgs) -> Result<()> {
     if let Some(run) = &args.calibrate {
-        print!("{}", lbbsp::sim::calibrate::calibrate(run)?.scenario_toml());
+        print!("{}", lbbsp::sim::calibrate::calibrate(run)?.scenario_toml(args.inline)?);
         return Ok(());
     }
     let cfg: BalanceConfig = lbbsp::train::recipe::balance_with(&args.set)?;
@@ -118,7 +122,7 @@ fn print_result(r: &SimResult, took: f64) {
     }
 }
 
-/// Every shipped scenario at every suite size: one row each, throughput as a fraction of the
+/// Every shipped scenario at every suite size (a measured one at its own too): one row each, throughput as a fraction of the
 /// oracle's per policy, lbbsp's worst recovery, longest starvation and reversals per 100 iterations.
 fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
     println!(
@@ -141,7 +145,9 @@ fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
         if let Some(i) = args.iterations {
             scenario.iterations = i;
         }
-        for &ranks in &args.suite_ranks {
+        // A measured scenario at its own size too: it means most at the size it was measured at.
+        let own = (scenario.measured() && !args.suite_ranks.contains(&scenario.ranks)).then_some(scenario.ranks);
+        for ranks in own.into_iter().chain(args.suite_ranks.iter().copied()) {
             let started = Instant::now();
             let r = simulate(&scenario, ranks, cfg, None)?;
             let took = started.elapsed().as_secs_f64();
