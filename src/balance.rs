@@ -454,11 +454,10 @@ impl RankFit {
         self.excess() > cfg.detect.ln_1p()
     }
 
-    /// The variance of the log of the rank's level from noise alone: an exponentially weighted
-    /// mean with forgetting λ over observations of log-variance σ² has variance σ²·(1 − λ)/(1 + λ).
+    /// The variance of the log of the rank's level from noise alone ([`forgotten_mean_variance`]
+    /// of the log-deviations' mean square).
     pub fn level_noise(&self, cfg: &BalanceConfig) -> f64 {
-        let l = cfg.forgetting;
-        self.noise.mean() * (1.0 - l) / (1.0 + l)
+        forgotten_mean_variance(self.noise.mean(), cfg.forgetting)
     }
 
     /// Whether the rank is on an excursion that has lasted beyond its onset.
@@ -995,7 +994,7 @@ impl Balancer {
         let k = self.cfg.mean_hold;
         let within = |(i, (&new, &old)): (usize, (&usize, &usize))| {
             let (m, q) = (st.mean[i], st.mean_squares[i]);
-            let se = ((q - m * m).max(0.0) * (1.0 - f) / (1.0 + f)).sqrt();
+            let se = forgotten_mean_variance((q - m * m).max(0.0), f).sqrt();
             (new as f64 - old as f64).abs() <= k * se
         };
         if st.mean_sizes.len() != moved.len() || !moved.iter().zip(&st.mean_sizes).enumerate().all(within) {
@@ -1217,6 +1216,12 @@ impl Balancer {
             self.sizes = proposal;
         }
     }
+}
+
+/// The variance of an exponentially weighted mean with forgetting λ of observations of variance
+/// σ², in the long run: σ²·(1 − λ)/(1 + λ).
+fn forgotten_mean_variance(variance: f64, lambda: f64) -> f64 {
+    variance * (1.0 - lambda) / (1.0 + lambda)
 }
 
 /// The mean and standard deviation of forgotten sums `(Σ w·x, Σ w·x²)` of total weight `w > 0`.

@@ -22,7 +22,7 @@
 
 use crate::balance::Line;
 use crate::error::{Error, Result};
-use crate::sim::scenario::{trace_factors, Comm, Compute, Interference, PerRank, Scenario, Speeds};
+use crate::sim::scenario::{slowdowns, Comm, Compute, Interference, PerRank, Scenario, Speeds};
 use crate::train::metrics::{read_records, IterRecord};
 use std::path::{Path, PathBuf};
 
@@ -51,6 +51,9 @@ pub struct Calibration {
     /// Rank-iterations the line was fitted on, and whether they were the uncontended ones.
     pub fitted_on: usize,
     pub uncontended: bool,
+    /// Per rank and iteration, the slowdowns over `line` and the CPU shares reported (what a
+    /// `trace` of the file replays; written out by `--inline`).
+    pub slowdowns: (PerRank, PerRank),
 }
 
 /// The compute line of a run's uncontended rank-iterations (see the module docs), the number of
@@ -147,6 +150,7 @@ pub fn calibrate(path: &Path) -> Result<Calibration> {
         fixed_s,
         fitted_on,
         uncontended,
+        slowdowns: slowdowns(&records, &line),
     })
 }
 
@@ -156,18 +160,18 @@ impl Calibration {
     /// compute as `[comm] fixed_s` (the allreduce's α-β model off: the measured cost holds the
     /// transfer), and the run itself as a `trace` interference; or, `inline`, as a `series` of the
     /// trace's slowdowns and CPU shares (to 4 decimals), a scenario that needs no other file.
-    pub fn scenario(&self, inline: bool) -> Result<Scenario> {
+    pub fn scenario(&self, inline: bool) -> Scenario {
         let stem = self.path.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
         let interference = if inline {
             let round = |v: PerRank| -> PerRank {
                 v.into_iter().map(|r| r.into_iter().map(|x| (x * 1e4).round() / 1e4).collect()).collect()
             };
-            let (factors, shares) = trace_factors(&self.path)?;
+            let (factors, shares) = self.slowdowns.clone();
             Interference::Series { factors: round(factors), shares: round(shares) }
         } else {
             Interference::Trace { path: self.path.clone() }
         };
-        Ok(Scenario {
+        Scenario {
             name: stem,
             description: format!("replay of {} (lbbsp simulate --calibrate)", self.path.display()),
             ranks: self.world,
@@ -178,14 +182,14 @@ impl Calibration {
             compute: Compute { alpha_s: self.line.alpha, beta_s: self.line.beta, noise: 0.0, speeds: Speeds::Equal },
             comm: Comm { latency_s: 0.0, bytes: 0.0, fixed_s: self.fixed_s, ..Comm::default() },
             interference: vec![interference],
-        })
+        }
     }
 
     /// [`Calibration::scenario`] as TOML, with a header saying what was fitted on what.
-    pub fn scenario_toml(&self, inline: bool) -> Result<String> {
+    pub fn scenario_toml(&self, inline: bool) -> String {
         let how = if self.uncontended { "uncontended" } else { "all (none was uncontended)" };
-        let body = toml::to_string(&self.scenario(inline)?).expect("a scenario always serialises");
-        Ok(format!(
+        let body = toml::to_string(&self.scenario(inline)).expect("a scenario always serialises");
+        format!(
             "# Replays {} ({} ranks, {} iterations, B = {}): the compute line fitted on {} {how} rank-iterations,\n\
              # fixed_s the mean seconds of an iteration after its slowest rank's compute.\n{body}",
             self.path.display(),
@@ -193,7 +197,7 @@ impl Calibration {
             self.iterations,
             self.global_batch,
             self.fitted_on
-        ))
+        )
     }
 }
 
@@ -287,9 +291,9 @@ mod tests {
         let measured = bsp.iter().map(|r| r.iter_s).sum::<f64>() / bsp.len() as f64;
         // Inline, the slowdowns are rounded to 4 decimals: within 1e-4 of the run.
         for (inline, within) in [(false, 1e-12), (true, 1e-4)] {
-            let text = cal.scenario_toml(inline).unwrap();
+            let text = cal.scenario_toml(inline);
             let scenario = Scenario::parse(&text, Path::new("replay.toml")).unwrap();
-            assert_eq!(scenario, cal.scenario(inline).unwrap());
+            assert_eq!(scenario, cal.scenario(inline));
             let r = simulate(&scenario, 2, &BalanceConfig::default(), None).unwrap();
             let simulated = r.get(SimPolicy::Bsp).unwrap().mean_iter_s;
             assert!((simulated / measured - 1.0).abs() < within, "inline {inline}: {simulated} vs {measured}");

@@ -9,6 +9,7 @@
 //! costs alike, so `f` multiplies both. Every draw is keyed by (seed, process, rank, iteration),
 //! so every policy of a run sees the same cluster.
 
+use crate::balance::Line;
 use crate::data::rng::{mix64, Rng};
 use crate::error::{Error, Result};
 use crate::train::metrics::IterRecord;
@@ -366,17 +367,22 @@ impl Interference {
 /// Values by rank, then by iteration.
 pub(crate) type PerRank = Vec<Vec<f64>>;
 
-/// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over the run's
-/// uncontended line at its batch size (1 where it timed nothing). Against one line, not a ratio
-/// of seconds per sample: with a fixed cost a rank's time per sample falls as its batch grows,
-/// which is no change of speed. Second, the CPU share each rank reported (in (0, 1]).
-pub(crate) fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
+/// The slowdowns and CPU shares of a measured run's file ([`slowdowns`] against its own
+/// [`trace_line`](super::calibrate::trace_line)).
+fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
     let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
-    let world = records.first().map_or(0, |r| r.batch_sizes.len());
-    if world == 0 {
+    if records.first().is_none_or(|r| r.batch_sizes.is_empty()) {
         return Err(Error::data(path, "holds no iterations: record one with `lbbsp train --metrics FILE`"));
     }
-    let line = super::calibrate::trace_line(&records);
+    Ok(slowdowns(&records, &super::calibrate::trace_line(&records)))
+}
+
+/// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over `line` (the
+/// run's uncontended line) at its batch size (1 where it timed nothing). Against one line, not a
+/// ratio of seconds per sample: with a fixed cost a rank's time per sample falls as its batch
+/// grows, which is no change of speed. Second, the CPU share each rank reported (in (0, 1]).
+pub(crate) fn slowdowns(records: &[IterRecord], line: &Line) -> (PerRank, PerRank) {
+    let world = records.first().map_or(0, |r| r.batch_sizes.len());
     let factor = |r: &IterRecord, k: usize| match (r.batch_sizes.get(k), r.compute_s.get(k)) {
         (Some(&b), Some(&c)) if b > 0 && c > 0.0 => c / line.at(b),
         _ => 1.0,
@@ -388,7 +394,7 @@ pub(crate) fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
     let per_rank = |f: &dyn Fn(&IterRecord, usize) -> f64| -> PerRank {
         (0..world).map(|k| records.iter().map(|r| f(r, k)).collect()).collect()
     };
-    Ok((per_rank(&factor), per_rank(&share)))
+    (per_rank(&factor), per_rank(&share))
 }
 
 impl Cluster {

@@ -20,7 +20,8 @@ pub struct SimulateArgs {
     /// Iterations [default: the scenario's].
     #[arg(long)]
     iterations: Option<usize>,
-    /// Run every shipped scenario at each of --suite-ranks (a measured one at its own size too) and print one scoreboard.
+    /// Run every shipped scenario at each of --suite-ranks (a measured one at its own size too) and
+    /// print one scoreboard.
     #[arg(long, conflicts_with = "scenario")]
     suite: bool,
     /// Cluster sizes of the suite.
@@ -48,7 +49,7 @@ pub struct SimulateArgs {
 
 pub fn run(args: &SimulateArgs) -> Result<()> {
     if let Some(run) = &args.calibrate {
-        print!("{}", lbbsp::sim::calibrate::calibrate(run)?.scenario_toml(args.inline)?);
+        print!("{}", lbbsp::sim::calibrate::calibrate(run)?.scenario_toml(args.inline));
         return Ok(());
     }
     let cfg: BalanceConfig = lbbsp::train::recipe::balance_with(&args.set)?;
@@ -122,8 +123,9 @@ fn print_result(r: &SimResult, took: f64) {
     }
 }
 
-/// Every shipped scenario at every suite size (a measured one at its own too): one row each, throughput as a fraction of the
-/// oracle's per policy, lbbsp's worst recovery, longest starvation and reversals per 100 iterations.
+/// Every shipped scenario at every suite size (a measured one at its own too): one row each,
+/// throughput as a fraction of the oracle's per policy, lbbsp's worst recovery, longest
+/// starvation and reversals per 100 iterations.
 fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
     println!(
         "{:<22} {:>6} {:>7} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9} {:>8} {:>7}",
