@@ -1,145 +1,192 @@
 #!/usr/bin/env bash
-# LB-BSP under co-located interference, in one go on a 2-core machine: mnist-mlp on 2 ranks pinned
-# one per core, `lbbsp interfere` on rank 1's core (core 1), bsp against lbbsp in interleaved pairs
-# (bsp, lbbsp, bsp, lbbsp, ... so that the host's drift hits both alike), in four conditions:
-#   1. a steady hog, at the recipe's own B = 128;
-#   2. a bursty co-located job (on/off bursts of 0.1-0.5 s each, a seeded random trace), B = 2048;
-#   3. a steady hog, B = 2048, with the oracle capacity (each rank's throughput alone on its core
-#      under the same interference) and proportional-epoch;
-#   4. nothing interfering, B = 128;
-# then a square on/off pattern and how many iterations lbbsp needs after each change.
-# Throughput is the steady state: Σ B / Σ iteration time over the iterations after the first 20
-# (the warm-up and lbbsp's probes), within 9 s of them. Prints each condition's samples/s and ratios, against the
-# targets of the balancer issue.
-#   PAIRS=2 PERIOD=3 scripts/bench_interference.sh
+# LB-BSP against BSP under co-located interference, as a paired measurement: mnist-mlp on 2 ranks
+# pinned one per core (rank 1 on core 1), with rank 1 slowed in one of these conditions:
+#   quota2ms-128    rank 1's process under a 50% CPU quota, 1 ms of every 2 ms (cgroup cpu), B = 128
+#   quota2ms-2048   the same, B = 2048
+#   quota100ms-128  a 50% quota at a 100 ms period (50 ms of every 100 ms), B = 128
+#   hog-2048        a steady CPU hog on core 1 (`lbbsp interfere --cores 1`), B = 2048
+#   bursty-2048     a bursty job on core 1: a seeded random trace of 0.1-0.55 s on, 0.1-0.55 s off,
+#                   looped, B = 2048
+#   quiet-128       nothing interferes, B = 128
+#   hog-128         a steady hog, B = 128 (validation of the simulator only, no target)
+# Each condition runs PAIRS A/B pairs (bsp, lbbsp) and as many A/A pairs (bsp-x, bsp-y), the two
+# kinds interleaved and each pair's run order drawn from a RNG seeded by SEED and the condition, so
+# that the host's drift hits both sides alike and the schedule is reproducible. An interferer is
+# started with each run, so that every run meets its pattern from the start. The A/A pairs measure
+# the noise floor of the paired ratio on this host.
+# Throughput per run is Σ B / Σ iteration time over the iterations after the first 20 (warm-up and
+# lbbsp's probes). scripts/paired.py prints per condition the median paired ratio with a bootstrap
+# 95% interval (A/B and A/A), lbbsp's throughput over the empirical oracle (each iteration split
+# by the ranks' measured speeds in it), the longest starvation of any lbbsp run and the targets of
+# the balancer issue, and writes runs/bench-interference/summary.json. The per-run metrics JSONL
+# files stay in runs/bench-interference/ for `lbbsp simulate --calibrate RUN.jsonl`.
+# The quota conditions need a writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max,
+# i.e. root); without one they are reported SKIPPED and the others still run.
+#   PAIRS=10 scripts/bench_interference.sh
+#   CONDITIONS=quota2ms-128 PAIRS=3 ITERS_SMALL=300 scripts/bench_interference.sh
+# Environment: CONDITIONS (names above, default all), PAIRS (10), SEED (1), ITERS_SMALL
+# (iterations at B < 1024, 1500), ITERS_LARGE (at B >= 1024, 300), BUILD=0 to skip the cargo build.
 set -euo pipefail
+# mpirun's entry for each rank of a quota condition: rank 1 writes its own PID into the group
+# and exec keeps that PID, so the group holds rank 1's process (and the threads it starts) and
+# nothing else.
+if [ "${1:-}" = "--rank-entry" ]; then
+  procs=$2; shift 2
+  if [ "${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-}}" = 1 ]; then echo $$ >"$procs"; fi
+  exec "$@"
+fi
+self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-pairs="${PAIRS:-2}"; period="${PERIOD:-3}"
+
+all="quota2ms-128 quota2ms-2048 quota100ms-128 hog-2048 bursty-2048 quiet-128 hog-128"
+conditions="${CONDITIONS:-$all}"
+pairs="${PAIRS:-10}"; seed="${SEED:-1}"
+iters_small="${ITERS_SMALL:-1500}"; iters_large="${ITERS_LARGE:-300}"
+for c in $conditions; do
+  case " $all " in *" $c "*) ;; *) echo "unknown condition '$c' (known: $all)" >&2; exit 2 ;; esac
+done
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
+echo "isa: $(grep -o 'avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "cores: $(nproc); kernel $(uname -r); $(date -Is); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 out="runs/bench-interference"; rm -rf "$out"; mkdir -p "$out"
-cargo build --release --locked -q
+if [ "${BUILD:-1}" != 0 ]; then cargo build --release --locked -q; fi
 bin=target/release/lbbsp
-# One rank per core: waiting ranks poll instead of yielding their core to the hog.
+# One rank per core: waiting ranks poll instead of yielding their core to the interference.
 export OMPI_MCA_mpi_yield_when_idle=0
-iters() { if [ "$1" -ge 1024 ]; then echo 300; else echo 1500; fi; }
-train2() {  # train2 NAME BATCH ARGS...: 2 ranks pinned to cores 0 and 1
-  local name=$1 batch=$2; shift 2
-  mpirun -n 2 --map-by core --bind-to core "$bin" train mnist-mlp -q --threads 1 \
-    --set "train.max_iters=$(iters "$batch")" --set train.epochs=1000 --set train.eval_every_epochs=1000 \
-    --set "train.global_batch=$batch" --summary "$out/$name.json" --metrics "$out/$name.jsonl" "$@" >/dev/null
-}
-alone() {  # alone CORE NAME BATCH: one rank on one core, same global batch
-  taskset -c "$1" "$bin" train mnist-mlp -q --threads 1 --set train.max_iters=120 --set "train.global_batch=$3" \
-    --metrics "$out/$2.jsonl" --summary "$out/$2.json" >/dev/null
-}
-pairs_of() {  # pairs_of TAG BATCH [INTERFERE ARGS...]: interleaved bsp/lbbsp pairs; with interfere
-  # arguments, each run gets its own interferer started with it, so that every run meets the
-  # same pattern from its start
-  local tag=$1 batch=$2; shift 2
-  for k in $(seq "$pairs"); do
-    for p in bsp lbbsp; do
-      local h=""
-      if [ $# -gt 0 ]; then h=$(hog "$@"); fi
-      train2 "$tag-$p-$k" "$batch" --set "balance.policy=$p"
-      if [ -n "$h" ]; then stop "$h"; fi
+
+run_pid=""; hog_pid=""; cg_dir=""; cg_kind=""
+cleanup() {
+  local left
+  set +e
+  if [ -n "$run_pid" ]; then kill "$run_pid" 2>/dev/null; wait "$run_pid" 2>/dev/null; fi
+  if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null; fi
+  if [ -n "$cg_dir" ] && [ -d "$cg_dir" ]; then
+    # Only rank 1 of this script's own runs can be in the group: one still there outlived mpirun.
+    for _ in $(seq 50); do
+      left=$(cat "$cg_dir/cgroup.procs" 2>/dev/null)
+      [ -z "$left" ] && break
+      # shellcheck disable=SC2086
+      kill $left 2>/dev/null; sleep 0.1
     done
-  done
+    rmdir "$cg_dir" 2>/dev/null || echo "warning: could not remove $cg_dir" >&2
+  fi
 }
-hog() { "$bin" interfere --cores 1 "$@" >/dev/null 2>&1 & echo $!; }
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-# 1 and 3: a steady hog.
-h=$(hog); trap 'kill $h 2>/dev/null || true' EXIT; sleep 0.5
-pairs_of steady128 128
-pairs_of steady2048 2048
-train2 steady2048-proportional-epoch 2048 --set balance.policy=proportional-epoch --set train.epochs=1000
-alone 0 alone0 2048; alone 1 alone1 2048
-stop "$h"
+# The quota group, directly under the root of the hierarchy that has the cpu controller. On v2,
+# +cpu stays enabled in the root's subtree_control afterwards: turning it off again would drop
+# the cpu limits of any other group that started using it meanwhile.
+cg_setup() {
+  local name root
+  name="lbbsp-bench-$$-$(date +%s)"
+  root=$(awk '$3 == "cgroup" && $4 ~ /(^|,)cpu(,|$)/ { print $2; exit }' /proc/mounts)
+  if [ -n "$root" ] && mkdir "$root/$name" 2>/dev/null; then
+    if { echo -1 >"$root/$name/cpu.cfs_quota_us"; } 2>/dev/null; then
+      cg_kind=v1; cg_dir="$root/$name"; return 0
+    fi
+    rmdir "$root/$name"
+  fi
+  root=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
+  if [ -n "$root" ] && grep -qw cpu "$root/cgroup.controllers" 2>/dev/null; then
+    grep -qw cpu "$root/cgroup.subtree_control" || { echo +cpu >"$root/cgroup.subtree_control"; } 2>/dev/null || true
+    if mkdir "$root/$name" 2>/dev/null; then
+      if [ -f "$root/$name/cpu.max" ] && { echo max >"$root/$name/cpu.max"; } 2>/dev/null; then
+        cg_kind=v2; cg_dir="$root/$name"; return 0
+      fi
+      rmdir "$root/$name"
+    fi
+  fi
+  return 1
+}
+cg_limit() {  # cg_limit QUOTA_US PERIOD_US
+  if [ "$cg_kind" = v1 ]; then
+    # Lift the quota first: the kernel rejects a period that the current quota does not fit.
+    echo -1 >"$cg_dir/cpu.cfs_quota_us"; echo "$2" >"$cg_dir/cpu.cfs_period_us"; echo "$1" >"$cg_dir/cpu.cfs_quota_us"
+  else
+    echo "$1 $2" >"$cg_dir/cpu.max"
+  fi
+}
+cg_stat() {  # periods, throttled periods, throttled µs so far (v1 counts ns, v2 µs)
+  if [ -z "$cg_dir" ] || [ "$quota_us" -eq 0 ]; then echo "0 0 0"; return; fi
+  awk '$1 == "nr_periods" { p = $2 } $1 == "nr_throttled" { n = $2 }
+       $1 == "throttled_time" { t = $2 / 1000 } $1 == "throttled_usec" { t = $2 }
+       END { printf "%d %d %d\n", p, n, t }' "$cg_dir/cpu.stat"
+}
+case " $conditions " in
+  *" quota"*)
+    if cg_setup; then echo "quota group: cgroup $cg_kind, $cg_dir"; else echo "quota group: none writable"; fi ;;
+esac
 
-# 2: bursts of 0.1-0.5 s on, 0.1-0.5 s off, from a seeded random trace, looped.
-python3 - "$out/bursts.trace" <<'PY'
+# Bursts of 0.1-0.55 s on, 0.1-0.55 s off from a seeded random trace, looped.
+python3 - "$out/bursts.trace" "$seed" <<'PY'
 import random, sys
-random.seed(17)
+random.seed(int(sys.argv[2]))
 t, lines = 0.0, []
 while t < 600:
-    lines.append(f"{t:.3f} 1"); t += random.uniform(0.1, 0.5)
-    lines.append(f"{t:.3f} 0"); t += random.uniform(0.1, 0.5)
+    lines.append(f"{t:.3f} 1"); t += random.uniform(0.1, 0.55)
+    lines.append(f"{t:.3f} 0"); t += random.uniform(0.1, 0.55)
 lines.append(f"{t:.3f} 0")
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 PY
-pairs_of bursty2048 2048 --pattern trace --trace "$out/bursts.trace" --loop
 
-# 4: nothing interferes.
-pairs_of quiet128 128
+printf 'condition\tbatch\tkind\tpair\tposition\tlabel\tpolicy\tfile\tnr_periods\tnr_throttled\tthrottled_us\n' >"$out/runs.tsv"
+: >"$out/skipped.tsv"
+run_one() {  # run_one CONDITION BATCH KIND PAIR POSITION LABEL
+  local cond=$1 batch=$2 kind=$3 k=$4 pos=$5 label=$6 policy=bsp name iters p0 n0 t0 p1 n1 t1
+  [ "$label" = lbbsp ] && policy=lbbsp
+  name="$cond-p$(printf %02d "$k")-$kind-$label"
+  iters=$iters_small; [ "$batch" -ge 1024 ] && iters=$iters_large
+  local entry=()
+  [ "$quota_us" -gt 0 ] && entry=(bash "$self" --rank-entry "$cg_dir/cgroup.procs")
+  read -r p0 n0 t0 <<<"$(cg_stat)"
+  if [ ${#interfere[@]} -gt 0 ]; then "$bin" interfere --cores 1 "${interfere[@]}" >/dev/null 2>&1 & hog_pid=$!; fi
+  mpirun -n 2 --map-by core --bind-to core "${entry[@]}" "$bin" train mnist-mlp -q --threads 1 \
+    --set "train.max_iters=$iters" --set train.epochs=1000 --set train.eval_every_epochs=1000 \
+    --set "train.global_batch=$batch" --set "balance.policy=$policy" --metrics "$out/$name.jsonl" >/dev/null &
+  run_pid=$!; wait "$run_pid"; run_pid=""
+  if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null || true; wait "$hog_pid" 2>/dev/null || true; hog_pid=""; fi
+  read -r p1 n1 t1 <<<"$(cg_stat)"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$cond" "$batch" "$kind" "$k" "$pos" "$label" "$policy" \
+    "$name.jsonl" $((p1 - p0)) $((n1 - n0)) $((t1 - t0)) >>"$out/runs.tsv"
+}
 
-# On/off: the hog runs `period` seconds, rests `period` seconds, and so on.
-start=$(date +%s.%N)
-h=$(hog --pattern square --on "$period" --off "$period")
-train2 onoff 2048 --set balance.policy=lbbsp --set train.max_iters=600
-stop "$h"
+index=0
+for cond in $all; do
+  index=$((index + 1))
+  case " $conditions " in *" $cond "*) ;; *) continue ;; esac
+  quota_us=0; period_us=0; interfere=()
+  case $cond in
+    quota2ms-128) batch=128; quota_us=1000; period_us=2000 ;;
+    quota2ms-2048) batch=2048; quota_us=1000; period_us=2000 ;;
+    quota100ms-128) batch=128; quota_us=50000; period_us=100000 ;;
+    hog-2048) batch=2048; interfere=(--load 1) ;;
+    bursty-2048) batch=2048; interfere=(--pattern trace --trace "$out/bursts.trace" --loop) ;;
+    quiet-128) batch=128 ;;
+    hog-128) batch=128; interfere=(--load 1) ;;
+  esac
+  if [ "$quota_us" -gt 0 ]; then
+    if [ -z "$cg_dir" ]; then
+      reason="no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)"
+      echo "SKIPPED: $cond: $reason"
+      printf '%s\t%s\n' "$cond" "$reason" >>"$out/skipped.tsv"
+      continue
+    fi
+    cg_limit "$quota_us" "$period_us"
+  fi
+  echo "running $cond: $pairs A/B and $pairs A/A pairs" >&2
+  # Seeded per condition, so that a condition's schedule does not depend on which others run.
+  RANDOM=$((seed * 100 + index))
+  for k in $(seq "$pairs"); do
+    blocks=(ab aa); if ((RANDOM % 2)); then blocks=(aa ab); fi
+    for kind in "${blocks[@]}"; do
+      if [ "$kind" = ab ]; then labels=(bsp lbbsp); else labels=(bspx bspy); fi
+      if ((RANDOM % 2)); then labels=("${labels[1]}" "${labels[0]}"); fi
+      run_one "$cond" "$batch" "$kind" "$k" 1 "${labels[0]}"
+      run_one "$cond" "$batch" "$kind" "$k" 2 "${labels[1]}"
+    done
+  done
+done
 
-python3 - "$out" "$pairs" "$start" "$period" <<'PY'
-import json, sys, glob, statistics as st
-out, pairs, start, period = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-def recs(name):
-    return [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
-def rate(name, skip=20, window=9.0):
-    # The iterations after `skip` within the first `window` seconds of them: runs of different
-    # speeds then meet the same stretch of a time-varying pattern.
-    r, t = [], 0.0
-    for x in recs(name)[skip:]:
-        if t >= window:
-            break
-        r.append(x); t += x["iter_s"]
-    return sum(x["global_batch"] for x in r) / sum(x["iter_s"] for x in r)
-def pair(tag):
-    b = [rate(f"{tag}-bsp-{k}") for k in range(1, pairs + 1)]
-    l = [rate(f"{tag}-lbbsp-{k}") for k in range(1, pairs + 1)]
-    return sum(b) / len(b), sum(l) / len(l), [round(y / x, 2) for x, y in zip(b, l)]
-print("mnist-mlp, 2 ranks pinned one per core, `lbbsp interfere` on rank 1's core; steady-state samples/s")
-print(f"{'condition':<26} {'bsp':>9} {'lbbsp':>9} {'lbbsp/bsp':>10}  per pair   target")
-rows = [("steady hog, B = 128", "steady128", ">= 1.25"), ("bursty job, B = 2048", "bursty2048", ">= 1.15"),
-        ("steady hog, B = 2048", "steady2048", ">= 1.40"), ("nothing, B = 128", "quiet128", "0.98-1.02")]
-for label, tag, target in rows:
-    b, l, per = pair(tag)
-    print(f"{label:<26} {b:>9.0f} {l:>9.0f} {l / b:>9.2f}x  {per}  {target}")
-oracle = rate("alone0", 10) + rate("alone1", 10)
-_, l, _ = pair("steady2048")
-print(f"steady hog, B = 2048: oracle capacity {oracle:.0f} samples/s (rank 0 alone {rate('alone0', 10):.0f} + rank 1 alone "
-      f"under the hog {rate('alone1', 10):.0f}); lbbsp / oracle {l / oracle:.2f} (target >= 0.95); "
-      f"proportional-epoch {rate('steady2048-proportional-epoch'):.0f}")
-# Starvation: the longest run of iterations in which a rank's batch stayed below half of its
-# equal-time share (by the seconds per sample each rank measured in that iteration).
-worst = (0, "")
-for f in sorted(glob.glob(f"{out}/*lbbsp*.jsonl")) + [f"{out}/onoff.jsonl"]:
-    run = [0, 0]
-    for r in (json.loads(l) for l in open(f)):
-        rates = [b / c for b, c in zip(r["batch_sizes"], r["compute_s"])]
-        for k in range(2):
-            share = r["global_batch"] * rates[k] / sum(rates)
-            run[k] = run[k] + 1 if r["batch_sizes"][k] < 0.5 * share else 0
-            worst = max(worst, (run[k], f.split("/")[-1]))
-print(f"longest run below half the equal-time share, every lbbsp run: {worst[0]} iterations ({worst[1]}; target <= 5)")
-full = [r for r in recs("onoff")]
-end = full[-1]["unix_s"]
-changes, k = [], 1
-while start + k * period < end:
-    changes.append(start + k * period); k += 1
-counts, moment = [], []
-for c in changes:
-    phase = [r for r in full if c <= r["unix_s"] < c + period]
-    if len(phase) < 10:
-        continue
-    target = st.median(r["batch_sizes"][1] for r in phase[len(phase) // 2:])
-    n = next((i for i, r in enumerate(phase) if abs(r["batch_sizes"][1] - target) <= 0.1 * target), len(phase))
-    counts.append(n)
-    # The balance of the moment, as the simulator's recovery takes the oracle's split: rank 1's
-    # equal-time share by the seconds per sample the ranks measured, the median of 5 iterations
-    # from each one on (one iteration's times are too noisy for a 10% band).
-    def share(r):
-        rates = [b / c for b, c in zip(r["batch_sizes"], r["compute_s"])]
-        return r["global_batch"] * rates[1] / sum(rates)
-    near = lambda i: abs(phase[i]["batch_sizes"][1] - st.median(share(r) for r in phase[i:i + 5])) <= 0.1 * st.median(share(r) for r in phase[i:i + 5])
-    moment.append(next((i for i in range(len(phase) - 4) if near(i)), len(phase)))
-print(f"on/off every {period:g} s: iterations to get back within 10% of the new balance after each change: {counts}")
-print(f"  ... and of the balance of the moment (each iteration's measured equal-time share): {moment}")
-PY
+python3 "$(dirname "$self")/paired.py" "$out" "$seed"

@@ -1277,10 +1277,39 @@ pub fn predicted_max(lines: &[Line], sizes: &[usize]) -> f64 {
     lines.iter().zip(sizes).map(|(l, &b)| l.at(b)).fold(f64::NEG_INFINITY, f64::max)
 }
 
+/// A rank's compute time as a function of its batch: increasing in `b`.
+pub trait Cost {
+    /// Seconds to compute `b` samples.
+    fn at_f(&self, b: f64) -> f64;
+    /// The (fractional) size computed in `t` seconds: the inverse of [`Cost::at_f`].
+    fn size_at(&self, t: f64) -> f64;
+    /// Samples per second at `t` seconds (the slope of [`Cost::size_at`]; 0 where it is flat).
+    fn rate_at(&self, t: f64) -> f64;
+}
+
+impl Cost for Line {
+    fn at_f(&self, b: f64) -> f64 {
+        Line::at_f(self, b)
+    }
+
+    fn size_at(&self, t: f64) -> f64 {
+        Line::size_at(self, t)
+    }
+
+    fn rate_at(&self, _t: f64) -> f64 {
+        1.0 / self.beta
+    }
+}
+
 /// Integer sizes with `Σ b_i = total` and `bounds[i].0 ≤ b_i ≤ bounds[i].1` that minimise the
 /// predicted slowest time (up to one sample of rounding per rank). Requires `Σ lo ≤ total ≤ Σ hi`
 /// and `beta > 0` on every line.
 pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
+    equalize_by(lines, total, bounds)
+}
+
+/// [`equalize`] for any increasing costs.
+pub fn equalize_by<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
     let n = lines.len();
     assert_eq!(bounds.len(), n);
     let lo_sum: usize = bounds.iter().map(|b| b.0).sum();
@@ -1290,16 +1319,17 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
     let at = |t: f64, i: usize| lines[i].size_at(t).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
     let mut sizes: Vec<usize> =
         (0..n).map(|i| (at(t_lo, i).floor() as usize).clamp(bounds[i].0, bounds[i].1)).collect();
-    // Floors lose < 1 per rank, so at most n samples remain. They go one at a time to the rank whose
-    // predicted time after taking one more is smallest (ties to the lower rank): for increasing
-    // per-rank costs this greedy fill reaches the optimal integer max. Usually each of those ranks
-    // takes one: the `left` smallest next-sample times are then found by selection, and the heap
-    // is needed only when some rank's second sample would come before them.
-    let mut left = total - sizes.iter().sum::<usize>();
+    // Floors lose < 1 per rank, so at most n samples remain (more only where a cost's inverse is
+    // flat). They go one at a time to the rank whose predicted time after taking one more is
+    // smallest (ties to the lower rank): for increasing per-rank costs this greedy fill reaches
+    // the optimal integer max. Usually each of those ranks takes one: the `left` smallest
+    // next-sample times are then found by selection, and the heap is needed only when some rank's
+    // second sample would come before them.
+    let mut left = total.saturating_sub(sizes.iter().sum::<usize>());
     if left == 0 {
         return sizes;
     }
-    let key = |i: usize, s: usize| (OrdF64(lines[i].at(s + 1)), i);
+    let key = |i: usize, s: usize| (OrdF64(lines[i].at_f((s + 1) as f64)), i);
     let mut next: Vec<(OrdF64, usize)> = (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| key(i, sizes[i])).collect();
     if left <= next.len() {
         let (chosen, pivot, _) = next.select_nth_unstable(left - 1);
@@ -1328,9 +1358,9 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
 /// The continuous optimum's finishing time, from below: a `T` whose sizes `b_i(T) = clamp((T −
 /// α_i)/β_i, lo_i, hi_i)` sum to less than `total` by at most a sample (or within a relative 1e-9
 /// of the optimum).
-fn finishing_time(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> f64 {
-    // Continuous sizes at finishing time T: b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i), monotone in
-    // T and piecewise linear. Returns Σ b_i(T) and its slope Σ 1/β_i over the unclamped ranks.
+fn finishing_time<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)]) -> f64 {
+    // Continuous sizes at finishing time T: b_i(T) = clamp(size_at_i(T), lo_i, hi_i), monotone in
+    // T (piecewise linear for lines). Returns Σ b_i(T) and its slope over the unclamped ranks.
     let sum_at = |t: f64| {
         let (mut sum, mut slope) = (0.0, 0.0);
         for (l, &(lo, hi)) in lines.iter().zip(bounds) {
@@ -1341,15 +1371,15 @@ fn finishing_time(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> f6
                 sum += hi as f64;
             } else {
                 sum += raw;
-                slope += 1.0 / l.beta;
+                slope += l.rate_at(t);
             }
         }
         (sum, slope)
     };
     let (mut t_lo, mut t_hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for (l, b) in lines.iter().zip(bounds) {
-        t_lo = t_lo.min(l.at(b.0));
-        t_hi = t_hi.max(l.at(b.1));
+        t_lo = t_lo.min(l.at_f(b.0 as f64));
+        t_hi = t_hi.max(l.at_f(b.1 as f64));
     }
     // Newton's steps aimed half a sample short of B land on a time just below the optimum once the
     // clamped set is right (the sum is linear between its kinks); a step outside the bracket

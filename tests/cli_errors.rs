@@ -126,7 +126,7 @@ fn simulate_runs_scenarios_and_names_a_missing_one() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("steady-hog: 8 ranks") && text.contains("late-oracle"), "{text}");
     let r: lbbsp::sim::SimResult = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!((r.ranks, r.policies.len()), (8, 5));
+    assert_eq!((r.ranks, r.policies.len()), (8, lbbsp::sim::SimPolicy::ALL.len()));
     let lbbsp_rec = lbbsp::train::metrics::read_records(&metrics.join("lbbsp.jsonl")).unwrap();
     assert_eq!((lbbsp_rec.len(), lbbsp_rec[0].batch_sizes.len()), (1000, 8));
     lbbsp_ok(0, &["plot", metrics.join("bsp.jsonl").to_str().unwrap(), "-o", dir.join("p.svg").to_str().unwrap()]);

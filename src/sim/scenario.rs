@@ -226,6 +226,85 @@ pub enum Interference {
         #[serde(default)]
         shares: PerRank,
     },
+    /// A CPU quota, as a container's limit makes one (the cgroup `cpu` controller): the rank runs
+    /// at most `quota_s` of every `period_s` seconds of wall time and is frozen for the rest of the
+    /// period once it has spent it. Slice-granular: it acts on seconds, not iterations, so an
+    /// iteration shorter than the period is either untouched or frozen for most of a period.
+    Quota {
+        #[serde(flatten)]
+        on: Targets,
+        quota_s: f64,
+        period_s: f64,
+    },
+    /// A CPU hog sharing the rank's core: the scheduler gives the core to each in turns of
+    /// `slice_s` seconds, so the rank gets half of it, in whole slices.
+    Hog {
+        #[serde(flatten)]
+        on: Targets,
+        slice_s: f64,
+    },
+}
+
+/// When a rank may run under a slice-granular process ([`Interference::Quota`],
+/// [`Interference::Hog`]): `run_s` of every `period_s` seconds of wall time, the windows shifted by
+/// `phase_s`. A rank is always runnable (it busy-polls while it waits for the others, as the
+/// trainer's ranks do with one rank per core), so it runs in every window, whatever it computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slices {
+    pub run_s: f64,
+    pub period_s: f64,
+    pub phase_s: f64,
+}
+
+impl Slices {
+    /// CPU seconds the rank may have had from clock 0 to wall clock `x`.
+    fn available(&self, x: f64) -> f64 {
+        let y = x + self.phase_s;
+        let k = (y / self.period_s).floor();
+        k * self.run_s + (y - k * self.period_s).min(self.run_s)
+    }
+
+    /// Wall seconds from clock `start` until the rank has had `cpu` seconds of CPU.
+    pub fn wall(&self, start: f64, cpu: f64) -> f64 {
+        if cpu <= 0.0 {
+            return 0.0;
+        }
+        let v = self.available(start) + cpu;
+        // The window in which the cumulative CPU reaches v: the first k with (k + 1)·run ≥ v.
+        let k = (v / self.run_s).ceil() - 1.0;
+        (k * self.period_s + (v - k * self.run_s) - self.phase_s - start).max(cpu)
+    }
+
+    /// CPU seconds the rank may have within `wall` seconds from clock `start`.
+    pub fn cpu_within(&self, start: f64, wall: f64) -> f64 {
+        (self.available(start + wall) - self.available(start)).max(0.0)
+    }
+
+    /// Whether the rank may run at wall clock `x`.
+    pub fn running(&self, x: f64) -> bool {
+        let y = x + self.phase_s;
+        y - (y / self.period_s).floor() * self.period_s < self.run_s
+    }
+}
+
+/// The law of two independent factors' product.
+fn combine(atoms: &mut Vec<(f64, f64)>, other: &[(f64, f64)]) {
+    if let [(_, f)] = other {
+        atoms.iter_mut().for_each(|a| a.1 *= f);
+        return;
+    }
+    let before = std::mem::take(atoms);
+    for &(p, f) in &before {
+        atoms.extend(other.iter().filter(|a| a.0 > 0.0).map(|&(q, g)| (p * q, f * g)));
+    }
+}
+
+/// Sets the slices of a slice-granular process's ranks, each with its own phase (keyed draws).
+fn sliced(slices: &mut [Option<Slices>], on: &Targets, (run_s, period_s): (f64, f64), (seed, k): (u64, usize)) {
+    for r in on.select(slices.len()) {
+        let phase_s = period_s * Rng::from_keys(&[seed, k as u64, r as u64, 0x511ce]).next_f64();
+        slices[r] = Some(Slices { run_s, period_s, phase_s });
+    }
 }
 
 /// The slowdowns of one iteration, and the interference signal each rank reports for it.
@@ -240,6 +319,9 @@ pub struct Cluster {
     pub factor: Vec<f64>,
     /// The part of `f_i` the ranks' CPU shares do not show.
     hidden: Vec<f64>,
+    /// Each rank's slice-granular process, if any: it acts on wall-clock seconds, so the
+    /// simulator applies it per policy, at that policy's own clock.
+    pub slices: Vec<Option<Slices>>,
 }
 
 enum Process {
@@ -261,8 +343,11 @@ enum Process {
         mean: f64,
         low: f64,
         high: f64,
+        /// Iterations left in the episode and its factor (1 outside one).
         left: Vec<(usize, f64)>,
     },
+    /// A slice-granular process: nothing per iteration (see [`Cluster::slices`]).
+    Sliced,
     /// Per rank and iteration: the recorded slowdown, and the CPU share the rank reported.
     Trace {
         factors: Vec<Vec<f64>>,
@@ -359,6 +444,16 @@ impl Interference {
                     Ok(())
                 }
             }
+            Interference::Quota { quota_s, period_s, .. } => {
+                if *period_s > 0.0 && period_s.is_finite() && *quota_s > 0.0 && quota_s <= period_s {
+                    Ok(())
+                } else {
+                    Err(format!("quota_s must be in (0, period_s] and period_s > 0, got {quota_s} of {period_s}"))
+                }
+            }
+            Interference::Hog { slice_s, .. } if !(*slice_s > 0.0 && slice_s.is_finite()) => {
+                Err(format!("slice_s must be a positive number of seconds, got {slice_s}"))
+            }
             _ => Ok(()),
         }
     }
@@ -417,6 +512,7 @@ impl Cluster {
             .collect();
         let mut processes = Vec::new();
         let mut visible = Vec::new();
+        let mut slices = vec![None; n];
         for p in &scenario.interference {
             visible.push(match p {
                 Interference::Steady { on, .. } | Interference::Square { on, .. } | Interference::Markov { on, .. } => {
@@ -424,6 +520,8 @@ impl Cluster {
                 }
                 Interference::FailSlow { on, .. } => on.signal.unwrap_or(false),
                 Interference::Trace { .. } | Interference::Series { .. } => false,
+                // The rank's CPU share shows the frozen part of its wall time (the simulator's).
+                Interference::Quota { .. } | Interference::Hog { .. } => true,
             });
             processes.push(match p {
                 Interference::Steady { on, factor, from, until } => {
@@ -467,9 +565,17 @@ impl Cluster {
                     factors: factors.clone(),
                     shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
                 },
+                Interference::Quota { on, quota_s, period_s } => {
+                    sliced(&mut slices, on, (*quota_s, *period_s), (seed, processes.len()));
+                    Process::Sliced
+                }
+                Interference::Hog { on, slice_s } => {
+                    sliced(&mut slices, on, (*slice_s, 2.0 * slice_s), (seed, processes.len()));
+                    Process::Sliced
+                }
             });
         }
-        Ok(Cluster { seed, speeds, processes, visible, factor: vec![1.0; n], hidden: vec![1.0; n] })
+        Ok(Cluster { seed, speeds, processes, visible, factor: vec![1.0; n], hidden: vec![1.0; n], slices })
     }
 
     /// Advances every process to iteration `t` and sets [`Cluster::factor`].
@@ -514,9 +620,12 @@ impl Cluster {
                         if left[j].0 > 0 {
                             left[j].0 -= 1;
                             slow(r, left[j].1);
+                        } else {
+                            left[j].1 = 1.0;
                         }
                     }
                 }
+                Process::Sliced => {}
                 // A recorded run shows the CPU share its ranks reported, as the trainer's balancer saw it.
                 Process::Trace { factors: series, shares } => {
                     for r in 0..n {
@@ -526,6 +635,56 @@ impl Cluster {
                         hidden[r] *= f * s;
                     }
                 }
+            }
+        }
+    }
+
+    /// The law of every rank's slowdown `f_i(t)` given each process's state after iteration `t − 1`
+    /// (call it before [`Cluster::step`]`(t)`), as atoms (probability, factor), for the Bayes
+    /// oracle. A process's law is what its scenario says: a window's schedule is known, a Markov
+    /// chain turns with its probabilities, a fail-slow episode ends with the hazard of its
+    /// exponential length and begins with its rate (at the quartiles' midpoints of its factors).
+    /// A measured run has no law: its rank is expected to stay as it was (as the late oracle does).
+    pub fn predict(&self, t: usize, atoms: &mut [Vec<(f64, f64)>]) {
+        for a in atoms.iter_mut() {
+            a.clear();
+            a.push((1.0, 1.0));
+        }
+        let mut law = Vec::with_capacity(8);
+        for p in &self.processes {
+            match p {
+                Process::Window { ranks, factor, active } => {
+                    if active(t) {
+                        ranks.iter().for_each(|&r| atoms[r].iter_mut().for_each(|a| a.1 *= factor));
+                    }
+                }
+                Process::Markov { ranks, factor, p_on, p_off, on } => {
+                    for (j, &r) in ranks.iter().enumerate() {
+                        let p = if on[j] { 1.0 - p_off } else { *p_on };
+                        combine(&mut atoms[r], &[(1.0 - p, 1.0), (p, *factor)]);
+                    }
+                }
+                Process::FailSlow { ranks, rate, mean, low, high, left } => {
+                    for (j, &r) in ranks.iter().enumerate() {
+                        let stay = if left[j].1 > 1.0 { (-1.0 / mean).exp() } else { 0.0 };
+                        law.clear();
+                        law.push((stay, left[j].1));
+                        law.push(((1.0 - stay) * (1.0 - rate), 1.0));
+                        law.extend(
+                            (0..4).map(|q| ((1.0 - stay) * rate / 4.0, low + (high - low) * (q as f64 + 0.5) / 4.0)),
+                        );
+                        law.retain(|a| a.0 > 0.0);
+                        combine(&mut atoms[r], &law);
+                    }
+                }
+                Process::Trace { factors: series, .. } => {
+                    let before = t.saturating_sub(1);
+                    for (r, a) in atoms.iter_mut().enumerate() {
+                        let f = &series[r % series.len()];
+                        a.iter_mut().for_each(|x| x.1 *= f[before % f.len()]);
+                    }
+                }
+                Process::Sliced => {}
             }
         }
     }

@@ -1,10 +1,13 @@
 //! `lbbsp simulate`: the balancing policies on a simulated cluster (see [`lbbsp::sim`]).
 
 use anyhow::{bail, Context, Result};
+use lbbsp::sim::eval::{against_baseline, run_seeds, seeds_from, summarise, Summary};
+use lbbsp::sim::family::{generate, Family};
 use lbbsp::sim::scenario::{resolve, SHIPPED};
 use lbbsp::sim::{simulate, SimPolicy, SimResult};
 use lbbsp::train::metrics::{write_json, JsonlWriter};
 use lbbsp::BalanceConfig;
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,9 +27,21 @@ pub struct SimulateArgs {
     /// print one scoreboard.
     #[arg(long, conflicts_with = "scenario")]
     suite: bool,
-    /// Cluster sizes of the suite.
+    /// Cluster sizes of the suite and the family.
     #[arg(long, value_delimiter = ',', default_value = "16,256,10000")]
     suite_ranks: Vec<usize>,
+    /// Run each scenario of the suite over this many seeds (its own and the next ones) and print
+    /// each policy's mean throughput ratio with a bootstrap 95% interval, paired by seed.
+    #[arg(long, default_value_t = 1)]
+    seeds: usize,
+    /// Run --seeds randomised scenarios of a family at each of --suite-ranks instead of the
+    /// shipped ones: `tune` (for developing) or `held-out` (for reporting only).
+    #[arg(long, value_enum, conflicts_with_all = ["scenario", "suite"])]
+    family: Option<Family>,
+    /// With --suite or --family: compare lbbsp with an earlier `--json` of the same runs (same
+    /// seeds), paired by scenario, size and seed.
+    #[arg(long, value_name = "FILE.json")]
+    baseline: Option<PathBuf>,
     /// Write the results (JSON) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -41,6 +56,9 @@ pub struct SimulateArgs {
     /// it spent after each iteration's slowest compute, and the run as a trace interference.
     #[arg(long, value_name = "RUN.jsonl", conflicts_with_all = ["scenario", "suite"])]
     calibrate: Option<PathBuf>,
+    /// Print the scenario (TOML) instead of running it: with `family-SEED`, a family's scenario.
+    #[arg(long)]
+    print: bool,
     /// With --calibrate: write the run's slowdowns into the scenario (a `series` interference), so
     /// that it needs no other file.
     #[arg(long, requires = "calibrate")]
@@ -53,11 +71,18 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         return Ok(());
     }
     let cfg: BalanceConfig = lbbsp::train::recipe::balance_with(&args.set)?;
-    if args.suite {
+    if args.suite || args.family.is_some() {
         return suite(args, &cfg);
     }
     let Some(name) = &args.scenario else { bail!("name a scenario (file or shipped name), or pass --suite") };
-    let mut scenario = resolve(name)?;
+    let mut scenario = match name.strip_prefix("family-").and_then(|k| k.parse::<u64>().ok()) {
+        Some(seed) => generate(seed, args.ranks.unwrap_or(16)),
+        None => resolve(name)?,
+    };
+    if args.print {
+        print!("{}", toml::to_string(&scenario)?);
+        return Ok(());
+    }
     if let Some(i) = args.iterations {
         scenario.iterations = i;
     }
@@ -123,57 +148,130 @@ fn print_result(r: &SimResult, took: f64) {
     }
 }
 
-/// Every shipped scenario at every suite size (a measured one at its own too): one row each,
-/// throughput as a fraction of the oracle's per policy, lbbsp's worst recovery, longest
-/// starvation and reversals per 100 iterations.
+/// Every shipped scenario at every suite size (a measured one at its own too), or a family's
+/// scenarios: one row each, every policy's mean throughput over the oracle's, lbbsp's over bsp's,
+/// proportional-epoch's and the Bayes oracle's with their 95% intervals over the seeds, its
+/// longest starvation and reversals per 100 iterations, and against a baseline.
 fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
+    let baseline: Option<Vec<SimResult>> = match &args.baseline {
+        Some(p) => Some(
+            serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                .with_context(|| format!("{}: not the --json of `lbbsp simulate --suite`", p.display()))?,
+        ),
+        None => None,
+    };
     println!(
-        "{:<22} {:>6} {:>7} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9} {:>8} {:>7}",
+        "{:<22} {:>6} {:>5} {:>6} {:>7} {:>6} {:>6} {:>6} {:>22} {:>22} {:>22} {:>5} {:>6}{}",
         "scenario",
         "ranks",
+        "seeds",
         "bsp",
         "prop-ep",
         "lbbsp",
-        "late-orc",
-        "oracle",
-        "lbbsp rec.",
-        "starved",
-        "rev/100",
-        "sim s"
+        "late",
+        "bayes",
+        "lbbsp/bsp",
+        "lbbsp/prop-ep",
+        "lbbsp/bayes",
+        "starv",
+        "rev",
+        if baseline.is_some() { format!(" {:>22}", "lbbsp/baseline") } else { String::new() }
     );
     let mut all = Vec::new();
-    for (name, _) in SHIPPED {
-        let mut scenario = resolve(name)?;
-        if let Some(i) = args.iterations {
-            scenario.iterations = i;
+    let mut worst = Vec::new();
+    let mut row = |name: &str, results: Vec<SimResult>| {
+        let s = summarise(name, &results);
+        print_row(&s, &results, baseline.as_deref());
+        all.extend(results);
+    };
+    if let Some(family) = args.family {
+        for &ranks in &args.suite_ranks {
+            let results = (0..args.seeds)
+                .into_par_iter()
+                .map(|k| {
+                    let mut scenario = generate(family.seed(k), ranks);
+                    if let Some(i) = args.iterations {
+                        scenario.iterations = i;
+                    }
+                    simulate(&scenario, ranks, cfg, None)
+                })
+                .collect::<lbbsp::Result<Vec<_>>>()?;
+            worst.extend(results.iter().filter_map(flagged));
+            row(&format!("family {}", family.name()), results);
         }
-        // A measured scenario at its own size too: it means most at the size it was measured at.
-        let own = (scenario.measured() && !args.suite_ranks.contains(&scenario.ranks)).then_some(scenario.ranks);
-        for ranks in own.into_iter().chain(args.suite_ranks.iter().copied()) {
-            let started = Instant::now();
-            let r = simulate(&scenario, ranks, cfg, None)?;
-            let took = started.elapsed().as_secs_f64();
-            let of = |p| r.get(p).map_or(f64::NAN, |x| x.vs_oracle);
-            let lb = r.get(SimPolicy::Lbbsp).expect("lbbsp runs");
-            println!(
-                "{:<22} {:>6} {:>7.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>12} {:>9} {:>8.1} {:>7.2}",
-                name,
-                ranks,
-                of(SimPolicy::Bsp),
-                of(SimPolicy::ProportionalEpoch),
-                of(SimPolicy::Lbbsp),
-                of(SimPolicy::LateOracle),
-                1.0,
-                lb.recovery.iter().max().map_or("-".into(), |m| m.to_string()),
-                lb.longest_starved,
-                lb.reversals_per_100,
-                took
-            );
-            all.push(r);
+    } else {
+        for (name, _) in SHIPPED {
+            let mut scenario = resolve(name)?;
+            if let Some(i) = args.iterations {
+                scenario.iterations = i;
+            }
+            // A measured scenario at its own size too: it means most at the size it was measured at.
+            let own = (scenario.measured() && !args.suite_ranks.contains(&scenario.ranks)).then_some(scenario.ranks);
+            for ranks in own.into_iter().chain(args.suite_ranks.iter().copied()) {
+                row(name, run_seeds(&scenario, ranks, cfg, &seeds_from(scenario.seed, args.seeds))?);
+            }
+        }
+    }
+    if !worst.is_empty() {
+        println!("\nscenarios of the family where lbbsp loses to bsp or proportional-epoch by more than 1%, or starves a rank for more than 5 iterations:");
+        for w in &worst {
+            println!("  {w}");
         }
     }
     if let Some(p) = &args.json {
         write_json(p, &all)?;
     }
     Ok(())
+}
+
+/// A line on a family's scenario where lbbsp loses to bsp or proportional-epoch by more than 1%,
+/// or starves a rank for more than 5 iterations.
+fn flagged(r: &SimResult) -> Option<String> {
+    let get = |p| r.get(p).expect("every policy runs");
+    let lb = get(SimPolicy::Lbbsp);
+    let (vs_bsp, vs_prop) = (
+        lb.samples_per_s / get(SimPolicy::Bsp).samples_per_s,
+        lb.samples_per_s / get(SimPolicy::ProportionalEpoch).samples_per_s,
+    );
+    (vs_bsp < 0.99 || vs_prop < 0.99 || lb.longest_starved > 5).then(|| {
+        format!(
+            "{} at {} ranks: lbbsp/bsp {vs_bsp:.3}, lbbsp/prop-ep {vs_prop:.3}, lbbsp/bayes {:.3}, starved {}",
+            r.scenario,
+            r.ranks,
+            lb.samples_per_s / get(SimPolicy::BayesOracle).samples_per_s,
+            lb.longest_starved
+        )
+    })
+}
+
+/// One row of the scoreboard.
+fn print_row(s: &Summary, results: &[SimResult], baseline: Option<&[SimResult]>) {
+    let of = |p| s.get(p).vs_oracle.mean;
+    let lb = s.get(SimPolicy::Lbbsp);
+    let ratios: Vec<f64> = results
+        .iter()
+        .map(|r| {
+            let rate = |p| r.get(p).expect("every policy runs").samples_per_s;
+            rate(SimPolicy::Lbbsp) / rate(SimPolicy::ProportionalEpoch)
+        })
+        .collect();
+    let vs_prop = lbbsp::sim::eval::Interval::of_mean(&ratios);
+    let base = baseline.map(|b| against_baseline(results, b).map_or("-".to_string(), |i| i.to_string()));
+    println!(
+        "{:<22} {:>6} {:>5} {:>6.3} {:>7.3} {:>6.3} {:>6.3} {:>6.3} {:>22} {:>22} {:>22} {:>5} {:>6.1}{}",
+        s.scenario,
+        s.ranks,
+        s.seeds,
+        of(SimPolicy::Bsp),
+        of(SimPolicy::ProportionalEpoch),
+        of(SimPolicy::Lbbsp),
+        of(SimPolicy::LateOracle),
+        of(SimPolicy::BayesOracle),
+        lb.vs_bsp.to_string(),
+        vs_prop.to_string(),
+        lb.vs_bayes.to_string(),
+        lb.longest_starved,
+        lb.reversals_per_100,
+        base.map_or(String::new(), |b| format!(" {b:>22}"))
+    );
 }
