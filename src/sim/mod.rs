@@ -79,7 +79,8 @@ pub struct PolicyResult {
     /// iterations) until the iteration time is within 10% of the oracle's.
     pub recovery: Vec<usize>,
     /// The longest run of iterations in which some rank's batch stayed below half of its
-    /// equal-time share (the oracle's size for it).
+    /// equal-time share (its size in the split by the true, noise-free speeds; under slices, by
+    /// the average speed).
     pub longest_starved: usize,
     /// How much the split oscillated: the worst rank's reversals per 100 iterations
     /// ([`crate::balance::Reversals`]).
@@ -200,6 +201,11 @@ pub fn simulate(
         // The oracle knows the iteration's noise too: it is the bound of any split.
         let noisy: Vec<Line> = lines.iter().zip(&noise).map(|(l, &e)| l.scaled(e)).collect();
         let oracle = equalize_by(&timed(&noisy, &slices, oracle_clock), big_b, &bounds);
+        // Starvation is measured against each rank's equal-time share by its true speed: the
+        // noise-free lines, a rank under slices at its average speed.
+        let average: Vec<Line> =
+            lines.iter().zip(&slices).map(|(l, s)| s.map_or(*l, |s| l.scaled(s.period_s / s.run_s))).collect();
+        let share_of_time = equalize(&average, big_b, &bounds);
         let cpu_share: Vec<f64> = if record.is_some() { share.clone() } else { Vec::new() };
         for tr in &mut tracks {
             match tr.policy {
@@ -224,7 +230,7 @@ pub fn simulate(
                     tr.sizes.copy_from_slice(tr.balancer.as_ref().expect("a balancing policy").sizes())
                 }
             }
-            let slowest = tr.compute(&it, &oracle);
+            let slowest = tr.compute(&it, &share_of_time);
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + comm_s);
             tr.clock += slowest + comm_s;
@@ -257,6 +263,9 @@ struct Law<'a> {
     stretch: &'a [f64],
 }
 
+/// The factor a rank is planned at, from its law's atoms.
+type Plan<'a> = &'a dyn Fn(&[(f64, f64)]) -> f64;
+
 /// How the Bayes oracle plans a rank under a slice-granular process.
 #[derive(Clone, Copy, PartialEq)]
 enum Sliced {
@@ -278,7 +287,7 @@ enum Sliced {
 fn bayes_split(base: &[Timed], law: &Law, total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
     let (atoms, sigma) = (law.atoms, law.sigma);
     let sliced = base.iter().any(|c| c.slices.is_some());
-    let scaled = |f: &dyn Fn(&[(f64, f64)]) -> f64, how: Sliced| -> Vec<Timed> {
+    let scaled = |f: Plan, how: Sliced| -> Vec<Timed> {
         base.iter()
             .zip(atoms)
             .zip(law.stretch)
@@ -292,11 +301,11 @@ fn bayes_split(base: &[Timed], law: &Law, total: usize, bounds: &[(usize, usize)
             .collect()
     };
     if !sliced && atoms.iter().all(|a| a.len() == 1) {
-        return equalize_by(&scaled(&|a| a[0].1, Sliced::Exact), total, bounds);
+        return equalize_by(&scaled(&|a: &[(f64, f64)]| a[0].1, Sliced::Exact), total, bounds);
     }
     let mut candidates: Vec<Vec<usize>> = Vec::new();
     let mean = |a: &[(f64, f64)]| a.iter().map(|x| x.0 * x.1).sum::<f64>();
-    let quantiles: [&dyn Fn(&[(f64, f64)]) -> f64; 7] = [
+    let quantiles: [Plan; 7] = [
         &mean,
         &|a| quantile(a, 0.5),
         &|a| quantile(a, 0.8),
@@ -404,15 +413,15 @@ impl Track {
     }
 
     /// Every rank's compute time at the current sizes, the idle and starvation accounting against
-    /// the oracle's split; returns the slowest time.
-    fn compute(&mut self, it: &Iteration, oracle: &[usize]) -> f64 {
+    /// the equal-time split; returns the slowest time.
+    fn compute(&mut self, it: &Iteration, equal_time: &[usize]) -> f64 {
         let mut slowest = 0.0f64;
-        for i in 0..it.lines.len() {
+        for (i, &share) in equal_time.iter().enumerate() {
             let cpu = it.lines[i].at(self.sizes[i]) * it.noise[i];
             self.compute[i] = it.slices[i].map_or(cpu, |s| s.wall(self.clock, cpu));
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
             slowest = slowest.max(self.compute[i]);
-            let starved = (self.sizes[i] as f64) < 0.5 * oracle[i] as f64;
+            let starved = (self.sizes[i] as f64) < 0.5 * share as f64;
             self.starved_run[i] = if starved { self.starved_run[i] + 1 } else { 0 };
             self.longest_starved = self.longest_starved.max(self.starved_run[i]);
         }
