@@ -24,7 +24,8 @@
 # i.e. root); without one they are reported SKIPPED and the others still run.
 #   PAIRS=10 scripts/bench_interference.sh
 #   CONDITIONS=quota2ms-128 PAIRS=3 ITERS_SMALL=300 scripts/bench_interference.sh
-# Environment: CONDITIONS (names above, default all), PAIRS (10), SEED (1), ITERS_SMALL
+# Environment: OUT (the folder, runs/bench-interference), CONDITIONS (names above, default all),
+# PAIRS (10), SEED (1), ITERS_SMALL
 # (iterations at B < 1024, 1500), ITERS_LARGE (at B >= 1024, 300), BUILD=0 to skip the cargo build.
 set -euo pipefail
 # mpirun's entry for each rank of a quota condition: rank 1 writes its own PID into the group
@@ -48,7 +49,7 @@ done
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
 echo "isa: $(grep -o 'avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "cores: $(nproc); kernel $(uname -r); $(date -Is); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-out="runs/bench-interference"; rm -rf "$out"; mkdir -p "$out"
+out="${OUT:-runs/bench-interference}"; rm -rf "$out"; mkdir -p "$out"
 if [ "${BUILD:-1}" != 0 ]; then cargo build --release --locked -q; fi
 bin=target/release/lbbsp
 # One rank per core: waiting ranks poll instead of yielding their core to the interference.
