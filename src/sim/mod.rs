@@ -161,6 +161,20 @@ struct Iteration<'a> {
     slices: &'a [Option<Slices>],
 }
 
+/// What the oracles know of an iteration.
+struct Known<'a> {
+    t: usize,
+    /// The clairvoyant oracle's split.
+    oracle: &'a [usize],
+    /// The true lines of the iteration and of the one before, and the static ones.
+    lines: &'a [Line],
+    before: &'a [Line],
+    base: &'a [Line],
+    /// Each rank's law of its slowdown ([`Cluster::predict`]) and the noise's deviation.
+    atoms: &'a [Vec<(f64, f64)>],
+    sigma: f64,
+}
+
 /// Runs every policy of [`SimPolicy::ALL`] on `scenario` at `ranks` ranks, the balancing policies
 /// with `cfg` (its `policy` is set per run). `record`, when given, receives every iteration's
 /// record of every policy (for `lbbsp plot`).
@@ -208,28 +222,8 @@ pub fn simulate(
         let share_of_time = equalize(&average, big_b, &bounds);
         let cpu_share: Vec<f64> = if record.is_some() { share.clone() } else { Vec::new() };
         for tr in &mut tracks {
-            match tr.policy {
-                // bsp keeps the equal split it starts with.
-                SimPolicy::Bsp => {}
-                SimPolicy::Oracle => tr.sizes.copy_from_slice(&oracle),
-                SimPolicy::LateOracle => {
-                    // The speeds a timing shows: the lines of the iteration before, stretched as
-                    // that iteration's wall times were.
-                    let seen: Vec<Line> = if t == 0 {
-                        lines.clone()
-                    } else {
-                        before.iter().zip(&tr.stretch).map(|(l, &s)| l.scaled(s)).collect()
-                    };
-                    tr.sizes = equalize(&seen, big_b, &bounds);
-                }
-                SimPolicy::BayesOracle => {
-                    let law = Law { atoms: &atoms, sigma, stretch: &tr.stretch };
-                    tr.sizes = bayes_split(&timed(&base, &slices, tr.clock), &law, big_b, &bounds);
-                }
-                SimPolicy::Lbbsp | SimPolicy::ProportionalEpoch => {
-                    tr.sizes.copy_from_slice(tr.balancer.as_ref().expect("a balancing policy").sizes())
-                }
-            }
+            let known = Known { t, oracle: &oracle, lines: &lines, before: &before, base: &base, atoms: &atoms, sigma };
+            tr.choose(&known, &slices, &bounds);
             let slowest = tr.compute(&it, &share_of_time);
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + comm_s);
@@ -410,6 +404,33 @@ impl Track {
             longest_starved: 0,
             reversals: Reversals::new(big_b, n),
         })
+    }
+
+    /// Sets the split of the iteration: the policy's own, or an oracle's from what it knows.
+    fn choose(&mut self, k: &Known, slices: &[Option<Slices>], bounds: &[(usize, usize)]) {
+        let total = self.sizes.iter().sum();
+        match self.policy {
+            // bsp keeps the equal split it starts with.
+            SimPolicy::Bsp => {}
+            SimPolicy::Oracle => self.sizes.copy_from_slice(k.oracle),
+            SimPolicy::LateOracle => {
+                // The speeds a timing shows: the lines of the iteration before, stretched as that
+                // iteration's wall times were.
+                let seen: Vec<Line> = if k.t == 0 {
+                    k.lines.to_vec()
+                } else {
+                    k.before.iter().zip(&self.stretch).map(|(l, &s)| l.scaled(s)).collect()
+                };
+                self.sizes = equalize(&seen, total, bounds);
+            }
+            SimPolicy::BayesOracle => {
+                let law = Law { atoms: k.atoms, sigma: k.sigma, stretch: &self.stretch };
+                self.sizes = bayes_split(&timed(k.base, slices, self.clock), &law, total, bounds);
+            }
+            SimPolicy::Lbbsp | SimPolicy::ProportionalEpoch => {
+                self.sizes.copy_from_slice(self.balancer.as_ref().expect("a balancing policy").sizes())
+            }
+        }
     }
 
     /// Every rank's compute time at the current sizes, the idle and starvation accounting against

@@ -492,6 +492,65 @@ pub(crate) fn slowdowns(records: &[IterRecord], line: &Line) -> (PerRank, PerRan
     (per_rank(&factor), per_rank(&share))
 }
 
+impl Process {
+    /// The process of a scenario's interference `p` at `slices.len()` ranks; a slice-granular one
+    /// sets its ranks' slices instead. `(seed, k)` key its phases.
+    fn of(p: &Interference, slices: &mut [Option<Slices>], (seed, k): (u64, usize)) -> Result<Process> {
+        let n = slices.len();
+        Ok(match p {
+            Interference::Steady { on, factor, from, until } => {
+                let (from, until) = (*from, until.unwrap_or(usize::MAX));
+                Process::Window {
+                    ranks: on.select(n),
+                    factor: *factor,
+                    active: Box::new(move |t| from <= t && t < until),
+                }
+            }
+            Interference::Square { on, factor, on_iters, off_iters, from } => {
+                let (from, on_i, period) = (*from, *on_iters, on_iters + off_iters);
+                Process::Window {
+                    ranks: on.select(n),
+                    factor: *factor,
+                    active: Box::new(move |t| t >= from && (t - from) % period < on_i),
+                }
+            }
+            Interference::Markov { on, factor, p_on, p_off } => {
+                let ranks = on.select(n);
+                let k = ranks.len();
+                Process::Markov { ranks, factor: *factor, p_on: *p_on, p_off: *p_off, on: vec![false; k] }
+            }
+            Interference::FailSlow { on, rate, mean_iters, factor_low, factor_high } => {
+                let ranks = on.select(n);
+                let k = ranks.len();
+                Process::FailSlow {
+                    ranks,
+                    rate: *rate,
+                    mean: *mean_iters,
+                    low: *factor_low,
+                    high: *factor_high,
+                    left: vec![(0, 1.0); k],
+                }
+            }
+            Interference::Trace { path } => {
+                let (factors, shares) = trace_factors(path)?;
+                Process::Trace { factors, shares }
+            }
+            Interference::Series { factors, shares } => Process::Trace {
+                factors: factors.clone(),
+                shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
+            },
+            Interference::Quota { on, quota_s, period_s } => {
+                sliced(slices, on, (*quota_s, *period_s), (seed, k));
+                Process::Sliced
+            }
+            Interference::Hog { on, slice_s } => {
+                sliced(slices, on, (*slice_s, 2.0 * slice_s), (seed, k));
+                Process::Sliced
+            }
+        })
+    }
+}
+
 impl Cluster {
     /// The cluster of `scenario` at `n` ranks, before its first iteration.
     pub fn new(scenario: &Scenario, n: usize) -> Result<Cluster> {
@@ -523,57 +582,8 @@ impl Cluster {
                 // The rank's CPU share shows the frozen part of its wall time (the simulator's).
                 Interference::Quota { .. } | Interference::Hog { .. } => true,
             });
-            processes.push(match p {
-                Interference::Steady { on, factor, from, until } => {
-                    let (from, until) = (*from, until.unwrap_or(usize::MAX));
-                    Process::Window {
-                        ranks: on.select(n),
-                        factor: *factor,
-                        active: Box::new(move |t| from <= t && t < until),
-                    }
-                }
-                Interference::Square { on, factor, on_iters, off_iters, from } => {
-                    let (from, on_i, period) = (*from, *on_iters, on_iters + off_iters);
-                    Process::Window {
-                        ranks: on.select(n),
-                        factor: *factor,
-                        active: Box::new(move |t| t >= from && (t - from) % period < on_i),
-                    }
-                }
-                Interference::Markov { on, factor, p_on, p_off } => {
-                    let ranks = on.select(n);
-                    let k = ranks.len();
-                    Process::Markov { ranks, factor: *factor, p_on: *p_on, p_off: *p_off, on: vec![false; k] }
-                }
-                Interference::FailSlow { on, rate, mean_iters, factor_low, factor_high } => {
-                    let ranks = on.select(n);
-                    let k = ranks.len();
-                    Process::FailSlow {
-                        ranks,
-                        rate: *rate,
-                        mean: *mean_iters,
-                        low: *factor_low,
-                        high: *factor_high,
-                        left: vec![(0, 1.0); k],
-                    }
-                }
-                Interference::Trace { path } => {
-                    let (factors, shares) = trace_factors(path)?;
-                    Process::Trace { factors, shares }
-                }
-                Interference::Series { factors, shares } => Process::Trace {
-                    factors: factors.clone(),
-                    shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
-                },
-                Interference::Quota { on, quota_s, period_s } => {
-                    sliced(&mut slices, on, (*quota_s, *period_s), (seed, processes.len()));
-                    Process::Sliced
-                }
-                Interference::Hog { on, slice_s } => {
-                    sliced(&mut slices, on, (*slice_s, 2.0 * slice_s), (seed, processes.len()));
-                    Process::Sliced
-                }
-            });
+            let process = Process::of(p, &mut slices, (seed, processes.len()))?;
+            processes.push(process);
         }
         Ok(Cluster { seed, speeds, processes, visible, factor: vec![1.0; n], hidden: vec![1.0; n], slices })
     }
