@@ -87,6 +87,16 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         scenario.iterations = i;
     }
     let ranks = args.ranks.unwrap_or(scenario.ranks);
+    if args.seeds > 1 {
+        // Over seeds: the suite's row for this one scenario.
+        print_header(false);
+        let results = run_seeds(&scenario, ranks, &cfg, &seeds_from(scenario.seed, args.seeds))?;
+        print_row(&summarise(&scenario.name, &results), &results, None);
+        if let Some(p) = &args.json {
+            write_json(p, &results)?;
+        }
+        return Ok(());
+    }
     let mut writers = BTreeMap::new();
     if let Some(dir) = &args.metrics {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -160,23 +170,7 @@ fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
         ),
         None => None,
     };
-    println!(
-        "{:<22} {:>6} {:>5} {:>6} {:>7} {:>6} {:>6} {:>6} {:>22} {:>22} {:>22} {:>5} {:>6}{}",
-        "scenario",
-        "ranks",
-        "seeds",
-        "bsp",
-        "prop-ep",
-        "lbbsp",
-        "late",
-        "bayes",
-        "lbbsp/bsp",
-        "lbbsp/prop-ep",
-        "lbbsp/bayes",
-        "starv",
-        "rev",
-        if baseline.is_some() { format!(" {:>22}", "lbbsp/baseline") } else { String::new() }
-    );
+    print_header(baseline.is_some());
     let mut all = Vec::new();
     let mut worst = Vec::new();
     let mut row = |name: &str, results: Vec<SimResult>| {
@@ -242,6 +236,27 @@ fn flagged(r: &SimResult) -> Option<String> {
             lb.longest_starved
         )
     })
+}
+
+/// The scoreboard's header.
+fn print_header(baseline: bool) {
+    println!(
+        "{:<22} {:>6} {:>5} {:>6} {:>7} {:>6} {:>6} {:>6} {:>22} {:>22} {:>22} {:>5} {:>6}{}",
+        "scenario",
+        "ranks",
+        "seeds",
+        "bsp",
+        "prop-ep",
+        "lbbsp",
+        "late",
+        "bayes",
+        "lbbsp/bsp",
+        "lbbsp/prop-ep",
+        "lbbsp/bayes",
+        "starv",
+        "rev",
+        if baseline { format!(" {:>22}", "lbbsp/baseline") } else { String::new() }
+    );
 }
 
 /// One row of the scoreboard.
