@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The simulator against the paired real runs of scripts/bench_interference.sh: for each condition,
+a 2-rank scenario from that condition's own measurements, and the simulated lbbsp/bsp ratio (the
+mean over seeds, and the seeds' 2.5-97.5% range) beside the real median paired ratio and its
+bootstrap interval; "within" when the simulated mean lies in the real interval.
+
+    python3 scripts/validate_interference.py RUNS_DIR [RUNS_DIR ...] [--seeds 20]
+
+Each RUNS_DIR holds a bench's runs.tsv, summary.json and metrics files (one folder may hold several
+conditions). What the scenario takes from the runs, per condition:
+- the compute line of rank 0, which nothing slows: least squares of its compute seconds on its
+  batch over every run's iterations past the warm-up (the lbbsp runs vary the size);
+- the noise: the relative deviation of rank 0's times about that line (the median absolute
+  deviation, scaled to a standard deviation, so that the host's hiccups do not count as noise);
+- `comm.fixed_s`: the median of `iter_s − max_i compute_i`;
+- the interference, from the condition's definition: a `quota` of 1 ms in 2 ms or 50 ms in 100 ms
+  on rank 1; a `hog` on rank 1 whose slice is the one (of a grid) at which the simulated bsp
+  iteration matches the real bsp runs' median of hog-128, the one condition kept for fitting; the
+  bursty job as a two-state chain on rank 1 at the hog's slowdown, switching at the rate its 0.1-0.55 s
+  phases make at the bsp runs' iteration time.
+The ratio predicted is never fitted: only the hog's slice is, on bsp's own iteration time.
+"""
+import json
+import os
+import statistics as st
+import subprocess
+import sys
+import tempfile
+
+WARMUP = 20
+BIN = os.environ.get("LBBSP_BIN", "target/release/lbbsp")
+
+
+def records(path):
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def conditions(dirs):
+    """{condition: {"dir", "batch", "runs": [(policy, file)], "summary": the summary's entry}}."""
+    out = {}
+    for d in dirs:
+        summary = json.load(open(os.path.join(d, "summary.json")))
+        for line in list(open(os.path.join(d, "runs.tsv")))[1:]:
+            f = line.rstrip("\n").split("\t")
+            cond, batch, policy, name = f[0], int(f[1]), f[6], f[7]
+            c = out.setdefault(cond, {"dir": d, "batch": batch, "runs": [], "summary": summary["conditions"].get(cond)})
+            c["runs"].append((policy, os.path.join(d, name)))
+    return out
+
+
+def measure(c):
+    """Rank 0's line and noise, the fixed cost, the iterations and bsp's median iteration seconds."""
+    pts, fixed, bsp_iter, iters = [], [], [], 0
+    for policy, path in c["runs"]:
+        recs = [r for r in records(path)[WARMUP:] if sum(r["batch_sizes"]) == r["global_batch"]]
+        iters = max(iters, len(recs) + WARMUP)
+        for r in recs:
+            pts.append((r["batch_sizes"][0], r["compute_s"][0]))
+            fixed.append(r["iter_s"] - max(r["compute_s"]))
+            if policy == "bsp":
+                bsp_iter.append(r["iter_s"])
+    n = len(pts)
+    mb, mt = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
+    var = sum((b - mb) ** 2 for b, _ in pts)
+    beta = sum((b - mb) * (t - mt) for b, t in pts) / var if var > 0 else mt / mb
+    alpha = max(0.0, mt - beta * mb)
+    if alpha == 0.0:
+        beta = mt / mb
+    rel = [t / (alpha + beta * b) - 1 for b, t in pts]
+    centre = st.median(rel)
+    noise = min(0.45, 1.4826 * st.median([abs(x - centre) for x in rel]))
+    return {"alpha": alpha, "beta": beta, "noise": noise, "fixed": max(0.0, st.median(fixed)),
+            "iterations": iters, "bsp_iter": st.median(bsp_iter) if bsp_iter else None}
+
+
+def scenario(name, c, m, interference):
+    return f"""name = "{name}"
+ranks = 2
+iterations = {m["iterations"]}
+batch_per_rank = {c["batch"] // 2}
+epoch_iters = 1000000
+[compute]
+alpha_s = {m["alpha"]:.9f}
+beta_s = {m["beta"]:.12f}
+noise = {m["noise"]:.4f}
+[comm]
+latency_s = 0.0
+bytes = 0.0
+fixed_s = {m["fixed"]:.9f}
+{interference}"""
+
+
+def simulate(text, seeds):
+    """(per-seed lbbsp/bsp ratios, bsp's mean iteration seconds) of a scenario."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, out = os.path.join(tmp, "s.toml"), os.path.join(tmp, "r.json")
+        open(path, "w").write(text)
+        subprocess.run([BIN, "simulate", path, "--seeds", str(seeds), "--json", out], check=True,
+                       stdout=subprocess.DEVNULL)
+        runs = json.load(open(out))
+    get = lambda r, p: next(x for x in r["policies"] if x["policy"] == p)
+    ratios = [get(r, "lbbsp")["samples_per_s"] / get(r, "bsp")["samples_per_s"] for r in runs]
+    return ratios, st.mean(get(r, "bsp")["mean_iter_s"] for r in runs)
+
+
+def main():
+    args = sys.argv[1:]
+    seeds = 20
+    if "--seeds" in args:
+        k = args.index("--seeds")
+        seeds = int(args[k + 1])
+        del args[k:k + 2]
+    conds = conditions(args)
+    measured = {name: measure(c) for name, c in conds.items()}
+    hog = 'kind = "hog"\nranks = [1]\nslice_s = {}\n'
+    slice_s = None
+    if "hog-128" in conds:
+        m = measured["hog-128"]
+        grid = [0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 8e-3, 12e-3]
+        fits = []
+        for s in grid:
+            _, bsp = simulate(scenario("hog-fit", conds["hog-128"], m, "[[interference]]\n" + hog.format(s)), 4)
+            fits.append((abs(bsp / m["bsp_iter"] - 1), s))
+        slice_s = min(fits)[1]
+        print(f"hog slice fitted on hog-128's bsp iteration time: {1e3 * slice_s:g} ms")
+    print(f"{'condition':<16} {'real lbbsp/bsp (median, 95% CI)':>34} {'simulated (mean, seeds 2.5-97.5%)':>30}  within")
+    for name, c in conds.items():
+        m = measured[name]
+        if name.startswith("quota2ms"):
+            p = 'kind = "quota"\nranks = [1]\nquota_s = 0.001\nperiod_s = 0.002\n'
+        elif name.startswith("quota100ms"):
+            p = 'kind = "quota"\nranks = [1]\nquota_s = 0.05\nperiod_s = 0.1\n'
+        elif name.startswith("hog"):
+            if slice_s is None:
+                print(f"{name:<16} no hog-128 runs to fit the hog's slice on")
+                continue
+            p = hog.format(slice_s)
+        elif name.startswith("bursty"):
+            rate = min(1.0, m["bsp_iter"] / 0.325) if m["bsp_iter"] else 0.1
+            p = f'kind = "markov"\nranks = [1]\nfactor = 2.0\np_on = {rate:.4f}\np_off = {rate:.4f}\n'
+        else:
+            p = None
+        text = scenario(name, c, m, "[[interference]]\n" + p if p else "")
+        ratios, _ = simulate(text, seeds)
+        mean = st.mean(ratios)
+        q = sorted(ratios)
+        lo, hi = q[max(0, int(0.025 * len(q)))], q[min(len(q) - 1, int(0.975 * len(q)))]
+        real = c["summary"]["ab"] if c["summary"] else None
+        if real is None:
+            print(f"{name:<16} {'(no summary)':>34} {mean:>12.3f} [{lo:.3f}, {hi:.3f}]")
+            continue
+        rm, (rlo, rhi) = real["median"], real["ci"]
+        within = rlo <= mean <= rhi
+        print(f"{name:<16} {rm:>14.3f} [{rlo:.3f}, {rhi:.3f}]      {mean:>12.3f} [{lo:.3f}, {hi:.3f}]  "
+              f"{'yes' if within else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
