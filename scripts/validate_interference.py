@@ -63,9 +63,10 @@ def measure(c):
     mb, mt = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
     var = sum((b - mb) ** 2 for b, _ in pts)
     beta = sum((b - mb) * (t - mt) for b, t in pts) / var if var > 0 else mt / mb
-    alpha = max(0.0, mt - beta * mb)
-    if alpha == 0.0:
-        beta = mt / mb
+    alpha = mt - beta * mb
+    if not (beta > 0 and alpha >= 0):
+        # The sizes did not vary enough against the host's noise to tell a fixed cost: proportional.
+        alpha, beta = 0.0, mt / mb
     rel = [t / (alpha + beta * b) - 1 for b, t in pts]
     centre = st.median(rel)
     noise = min(0.45, 1.4826 * st.median([abs(x - centre) for x in rel]))
