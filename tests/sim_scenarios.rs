@@ -55,7 +55,10 @@ fn a_slowed_rank_reaches_its_share_within_two_iterations_and_keeps_it() {
                 .filter(|&t| (sizes[t].0 as f64 - sizes[t].1 as f64).abs() > 0.15 * sizes[t].1 as f64)
                 .map(|t| (t, sizes[t].0, sizes[t].1))
                 .collect();
-            assert!(off.is_empty(), "{ranks} ranks, signal {signal}: (iteration, lbbsp, Bayes oracle) off by > 15%: {off:?}");
+            assert!(
+                off.is_empty(),
+                "{ranks} ranks, signal {signal}: (iteration, lbbsp, Bayes oracle) off by > 15%: {off:?}"
+            );
             let r = simulate(&s, ranks, &BalanceConfig::default(), None).unwrap();
             let lb = r.get(SimPolicy::Lbbsp).unwrap();
             let vs_bayes = lb.samples_per_s / r.get(SimPolicy::BayesOracle).unwrap().samples_per_s;
