@@ -1,6 +1,7 @@
 //! Evaluation that separates effects from noise: a scenario run over many seeds, each policy's
-//! throughput as a ratio to bsp's, to the oracle's and to the Bayes oracle's, paired by seed (every
-//! policy of a seed meets the same cluster), with a bootstrap 95% interval of the mean ratio.
+//! throughput as a ratio to bsp's, proportional-epoch's, the oracle's and the Bayes oracle's,
+//! paired by seed (every policy of a seed meets the same cluster), with a bootstrap 95% interval
+//! of the mean ratio.
 
 use super::{simulate, Scenario, SimPolicy, SimResult};
 use crate::balance::BalanceConfig;
@@ -55,6 +56,7 @@ pub struct PolicySummary {
     pub policy: SimPolicy,
     pub vs_oracle: Interval,
     pub vs_bsp: Interval,
+    pub vs_proportional: Interval,
     pub vs_bayes: Interval,
     /// The longest starvation of any seed.
     pub longest_starved: usize,
@@ -99,6 +101,7 @@ pub fn summarise(scenario: &str, results: &[SimResult]) -> Summary {
                 policy: p,
                 vs_oracle: Interval::of_mean(&ratio(SimPolicy::Oracle)),
                 vs_bsp: Interval::of_mean(&ratio(SimPolicy::Bsp)),
+                vs_proportional: Interval::of_mean(&ratio(SimPolicy::ProportionalEpoch)),
                 vs_bayes: Interval::of_mean(&ratio(SimPolicy::BayesOracle)),
                 longest_starved: per.clone().map(|x| x.longest_starved).max().unwrap_or(0),
                 reversals_per_100: per.map(|x| x.reversals_per_100).sum::<f64>() / results.len().max(1) as f64,

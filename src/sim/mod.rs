@@ -36,7 +36,8 @@ pub enum SimPolicy {
     /// Splits by the true speeds of the iteration before.
     LateOracle,
     /// Knows each process's law and each rank's state one iteration late, and splits for the
-    /// smallest expected slowest time: the bound of a policy that learns from timings.
+    /// smallest expected slowest time among its candidates: the reference of a policy that learns
+    /// from timings.
     BayesOracle,
 }
 
@@ -218,11 +219,11 @@ pub fn simulate(
         // Starvation is measured against each rank's equal-time share by its true speed: the
         // noise-free lines, a rank under slices at its average speed.
         let average: Vec<Line> =
-            lines.iter().zip(&slices).map(|(l, s)| s.map_or(*l, |s| l.scaled(s.period_s / s.run_s))).collect();
+            lines.iter().zip(&slices).map(|(l, s)| s.map_or(*l, |s| l.scaled(s.average_stretch()))).collect();
         let share_of_time = equalize(&average, big_b, &bounds);
         let cpu_share: Vec<f64> = if record.is_some() { share.clone() } else { Vec::new() };
+        let known = Known { t, oracle: &oracle, lines: &lines, before: &before, base: &base, atoms: &atoms, sigma };
         for tr in &mut tracks {
-            let known = Known { t, oracle: &oracle, lines: &lines, before: &before, base: &base, atoms: &atoms, sigma };
             tr.choose(&known, &slices, &bounds);
             let slowest = tr.compute(&it, &share_of_time);
             tr.reversals.record(&tr.sizes);
@@ -279,24 +280,37 @@ enum Sliced {
 /// all is the hedge against the onsets to come. The noise, alike for every split of smooth costs,
 /// counts where a window's edge makes it matter: at the ranks under slices.
 fn bayes_split(base: &[Timed], law: &Law, total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
-    let (atoms, sigma) = (law.atoms, law.sigma);
+    let sigma = law.sigma;
     let sliced = base.iter().any(|c| c.slices.is_some());
+    if !sliced && law.atoms.iter().all(|a| a.len() == 1) {
+        let known: Vec<Timed> =
+            base.iter().zip(law.atoms).map(|(c, a)| Timed { line: c.line.scaled(a[0].1), ..*c }).collect();
+        return equalize_by(&known, total, bounds);
+    }
+    // Each rank's atoms by factor once, for the quantiles of every plan.
+    let sorted: Vec<Vec<(f64, f64)>> = law
+        .atoms
+        .iter()
+        .map(|a| {
+            let mut a = a.clone();
+            a.sort_by(|x, y| x.1.total_cmp(&y.1));
+            a
+        })
+        .collect();
+    let atoms = &sorted[..];
     let scaled = |f: Plan, how: Sliced| -> Vec<Timed> {
         base.iter()
             .zip(atoms)
             .zip(law.stretch)
             .map(|((c, a), &last)| match (c.slices, how) {
                 (Some(s), Sliced::Average) => {
-                    Timed { line: c.line.scaled(f(a) * s.period_s / s.run_s), slices: None, ..*c }
+                    Timed { line: c.line.scaled(f(a) * s.average_stretch()), slices: None, ..*c }
                 }
                 (Some(_), Sliced::Last) => Timed { line: c.line.scaled(f(a) * last), slices: None, ..*c },
                 _ => Timed { line: c.line.scaled(f(a)), ..*c },
             })
             .collect()
     };
-    if !sliced && atoms.iter().all(|a| a.len() == 1) {
-        return equalize_by(&scaled(&|a: &[(f64, f64)]| a[0].1, Sliced::Exact), total, bounds);
-    }
     let mut candidates: Vec<Vec<usize>> = Vec::new();
     let mean = |a: &[(f64, f64)]| a.iter().map(|x| x.0 * x.1).sum::<f64>();
     let quantiles: [Plan; 7] = [
@@ -338,12 +352,11 @@ fn bayes_split(base: &[Timed], law: &Law, total: usize, bounds: &[(usize, usize)
     candidates.swap_remove(best.1)
 }
 
-/// The smallest factor whose probability of not being exceeded is at least `q`.
-fn quantile(atoms: &[(f64, f64)], q: f64) -> f64 {
-    let mut sorted = atoms.to_vec();
-    sorted.sort_by(|a, b| a.1.total_cmp(&b.1));
+/// The smallest factor whose probability of not being exceeded is at least `q`, of atoms sorted by
+/// factor.
+fn quantile(sorted: &[(f64, f64)], q: f64) -> f64 {
     let mut p = 0.0;
-    for &(w, f) in &sorted {
+    for &(w, f) in sorted {
         p += w;
         if p >= q - 1e-12 {
             return f;

@@ -280,6 +280,11 @@ impl Slices {
         (self.available(start + wall) - self.available(start)).max(0.0)
     }
 
+    /// How many times longer than its CPU seconds the rank takes on average: `period / run`.
+    pub fn average_stretch(&self) -> f64 {
+        self.period_s / self.run_s
+    }
+
     /// Whether the rank may run at wall clock `x`.
     pub fn running(&self, x: f64) -> bool {
         let y = x + self.phase_s;

@@ -263,14 +263,6 @@ fn print_header(baseline: bool) {
 fn print_row(s: &Summary, results: &[SimResult], baseline: Option<&[SimResult]>) {
     let of = |p| s.get(p).vs_oracle.mean;
     let lb = s.get(SimPolicy::Lbbsp);
-    let ratios: Vec<f64> = results
-        .iter()
-        .map(|r| {
-            let rate = |p| r.get(p).expect("every policy runs").samples_per_s;
-            rate(SimPolicy::Lbbsp) / rate(SimPolicy::ProportionalEpoch)
-        })
-        .collect();
-    let vs_prop = lbbsp::sim::eval::Interval::of_mean(&ratios);
     let base = baseline.map(|b| against_baseline(results, b).map_or("-".to_string(), |i| i.to_string()));
     println!(
         "{:<22} {:>6} {:>5} {:>6.3} {:>7.3} {:>6.3} {:>6.3} {:>6.3} {:>22} {:>22} {:>22} {:>5} {:>6.1}{}",
@@ -283,7 +275,7 @@ fn print_row(s: &Summary, results: &[SimResult], baseline: Option<&[SimResult]>)
         of(SimPolicy::LateOracle),
         of(SimPolicy::BayesOracle),
         lb.vs_bsp.to_string(),
-        vs_prop.to_string(),
+        lb.vs_proportional.to_string(),
         lb.vs_bayes.to_string(),
         lb.longest_starved,
         lb.reversals_per_100,
