@@ -1,14 +1,15 @@
-//! One balancing step (fit update for every rank + equalise + dead-band) at 8, 64 and 1,024 ranks.
+//! One balancing step (every rank's model updated, the candidate splits drawn and judged) at 8, 64,
+//! 1,024 and 10,000 ranks.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
+use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy, PolicyKind};
 use lbbsp::data::rng::Rng;
 use std::hint::black_box;
 
 fn balance_step(c: &mut Criterion) {
     let mut g = c.benchmark_group("balance_step");
     for &ranks in &[8usize, 64, 1024, 10_000] {
-        let cfg = BalanceConfig { policy: Policy::Lbbsp, dead_band: 0.0, ..Default::default() };
+        let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() };
         let global = 64 * ranks;
         let mut bal = Balancer::new(&cfg, global, ranks).unwrap();
         let mut rng = Rng::from_keys(&[ranks as u64]);

@@ -9,7 +9,7 @@
 //! The iteration follows `lbbsp::train::Run::step`, the CLI's: slice, compute, the distributed step,
 //! the balancer's observation.
 
-use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
+use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy, PolicyKind};
 use lbbsp::data::rng::Rng;
 use lbbsp::dist::comm::Communicator;
 use lbbsp::dist::mpi::Mpi;
@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
 
     let mut w = vec![0.0f32; d];
     comm.broadcast_into(0, &mut w); // everyone starts from rank 0's parameters
-    let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
+    let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() };
     let mut balancer = Balancer::new(&cfg, global_batch, world)?;
     let mut cpu = CpuSampler::new();
     let mut local_grad = vec![0.0f32; d];

@@ -1,11 +1,11 @@
-//! Replays a metrics file through the balancer and prints its fitted lines per iteration (debugging aid).
-use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
+//! Replays a metrics file through the balancer and prints each rank's expected line per iteration (debugging aid).
+use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy, PolicyKind};
 
 fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).expect("metrics.jsonl");
     let recs = lbbsp::train::metrics::read_records(std::path::Path::new(&path))?;
     let world = recs[0].batch_sizes.len();
-    let cfg = BalanceConfig { policy: Policy::Lbbsp, ..Default::default() };
+    let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() };
     let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;
     for r in &recs {
         let obs: Vec<Observation> = (0..world)
@@ -16,11 +16,8 @@ fn main() -> anyhow::Result<()> {
             })
             .collect();
         bal.observe(&obs);
-        let lines: Vec<String> = bal
-            .fits
-            .iter()
-            .map(|f| f.line().map_or("-".into(), |l| format!("a={:.2}ms b={:.4}ms", l.alpha * 1e3, l.beta * 1e3)))
-            .collect();
+        let lines: Vec<String> =
+            bal.expected_lines().iter().map(|l| format!("a={:.2}ms b={:.4}ms", l.alpha * 1e3, l.beta * 1e3)).collect();
         println!(
             "{} {:?} {:?} -> {:?} {:?}",
             r.iter,

@@ -32,7 +32,7 @@
 //! (`examples/custom_loop.rs` is a complete one, `examples/replay.rs` replays a run's metrics
 //! through the balancer). The public API:
 //!
-//! - the LB-BSP core: [`balance::Balancer`] (with [`BalanceConfig`], [`Policy`], [`Observation`]),
+//! - the LB-BSP core: [`balance::Balancer`] (with [`BalanceConfig`], the [`Policy`] trait, [`PolicyKind`], [`Observation`]),
 //!   [`shard::EpochPlan`], [`shard::slice_for`] and [`shard::rescale`] (the sharder),
 //!   [`profile::CpuSampler`] (the profiler);
 //! - ranks: [`dist::comm::Communicator`] with [`Solo`], [`Local`] (threads, for tests) and `Mpi`
@@ -57,7 +57,7 @@ pub mod shard;
 pub mod sim;
 pub mod train;
 
-pub use balance::{BalanceConfig, Balancer, Observation, Policy};
+pub use balance::{BalanceConfig, Balancer, Observation, Policy, PolicyKind};
 pub use data::dataset::{Dataset, Splits};
 pub use dist::comm::{Communicator, Local, Solo};
 #[cfg(feature = "mpi")]

@@ -208,7 +208,8 @@ fn lbbsp_resume_continues_the_balancers_sizes() {
         common.iter().copied().chain(["--set", "train.max_iters=40", "--checkpoint-dir", s(&ck)]).collect();
     lbbsp_ok(2, &first);
     let state: serde_json::Value = serde_json::from_slice(&bytes(&ck.join("step-40/state.json"))).unwrap();
-    // The split that plays next: the planned one or, when it leads, one of `balance::Steady`'s.
+    // The split that plays next.
+    use lbbsp::balance::Policy;
     let balancer: lbbsp::balance::Balancer = serde_json::from_value(state["balancer"].clone()).unwrap();
     let saved = balancer.sizes().to_vec();
     assert_ne!(saved, [64, 64], "the slowed rank should have been given less by iteration 40");

@@ -20,7 +20,7 @@
 //! `LBBSP_FUZZ_REPLAY=I cargo test --test fuzz TARGET -- --nocapture` runs execution `I` alone
 //! and prints its input and outcome.
 
-use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy};
+use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy, PolicyKind};
 use lbbsp::data::{csv, idx, libsvm};
 use lbbsp::nn::params::ParamTable;
 use lbbsp::train::checkpoint::{self, Progress, Snapshot};
@@ -644,7 +644,7 @@ fn checkpoint_fixture(root: &Path) -> (PathBuf, ParamTable, Vec<&'static str>) {
     let mut opt = Optimizer::new(&recipe.optimizer, table.len());
     let grads: Vec<f32> = (0..table.len()).map(|i| (i as f32).sin()).collect();
     opt.step(&mut params.clone(), &grads, 0.01);
-    let cfg = BalanceConfig { policy: Policy::Lbbsp, ..BalanceConfig::default() };
+    let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..BalanceConfig::default() };
     let mut balancer = Balancer::new(&cfg, 64, 2).expect("a balancer");
     for k in 0..12 {
         let sizes = balancer.sizes().to_vec();

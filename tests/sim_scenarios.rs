@@ -43,8 +43,10 @@ fn sizes_of_rank_1(s: &Scenario, ranks: usize) -> Vec<(usize, usize)> {
 }
 
 /// Within 2 iterations of the slowdown rank 1 is within 15% of its equal-time share (the Bayes
-/// oracle's size for it), and stays there to the end; the cluster runs within 5% of the Bayes
-/// oracle overall.
+/// oracle's size for it), and stays there to the end; the iteration time is within 10% of the
+/// oracle's within 3 (the first lift any rank shows is taken to last; whether it does, the next
+/// iteration tells, and the split is hedged on it meanwhile); the cluster runs within 5% of the
+/// Bayes oracle overall.
 #[test]
 fn a_slowed_rank_reaches_its_share_within_two_iterations_and_keeps_it() {
     for ranks in [2, 3] {
@@ -63,7 +65,7 @@ fn a_slowed_rank_reaches_its_share_within_two_iterations_and_keeps_it() {
             let lb = r.get(SimPolicy::Lbbsp).unwrap();
             let vs_bayes = lb.samples_per_s / r.get(SimPolicy::BayesOracle).unwrap().samples_per_s;
             assert!(vs_bayes > 0.95 && lb.longest_starved == 0, "{ranks} ranks, signal {signal}: {lb:?}");
-            assert!(lb.recovery.iter().all(|&k| k <= 2), "{ranks} ranks, signal {signal}: recovery {:?}", lb.recovery);
+            assert!(lb.recovery.iter().all(|&k| k <= 3), "{ranks} ranks, signal {signal}: recovery {:?}", lb.recovery);
         }
     }
 }

@@ -1,17 +1,19 @@
 //! The mpirun tier's stress cases, bounded in time: 8 ranks on the machine's cores
 //! (`--oversubscribe`), a rank slowed 20×, and a rank whose speed alternates every iteration. In
 //! each, under `lbbsp`, every iteration's split sums to B within the bounds and training reaches
-//! the loss of a plain run, and the balancer's oscillation is measured and bounded
-//! (docs/reliability.md, "Stress").
+//! the loss of a plain run, and the balancer's oscillation is measured; it is bounded where
+//! nothing alternates (docs/reliability.md, "Stress"). An alternating rank is anticipated, which
+//! reverses the split at every iteration: a change of split costs no time (the model's buffers
+//! hold the largest batch), so reversals there are not bounded for their own sake (issue 27).
 //!
-//! Oscillation is counted as *reversals* ([`lbbsp::balance::Reversals`]): iterations where a
+//! Oscillation is counted as *reversals* ([`lbbsp::sim::Reversals`]): iterations where a
 //! rank's batch moved by at least 2% of B one way and then at least 2% of B the other way at the
 //! next move. A balancer that chased an alternating rank would reverse at every iteration (100 per
-//! 100); smaller moves are the dead-band's and the noise's and are not counted.
+//! 100); smaller moves are the noise's and are not counted.
 
 mod common;
 use common::*;
-use lbbsp::balance::Reversals;
+use lbbsp::sim::Reversals;
 use lbbsp::train::metrics::{read_records, IterRecord};
 
 /// Reversals of the split per 100 iterations, the worst rank's (see the module's doc).
@@ -63,18 +65,16 @@ fn plain_loss() -> f64 {
 }
 
 #[test]
-fn stress_cases_keep_the_split_whole_steady_and_the_loss_right() {
+fn stress_cases_keep_the_split_whole_and_the_loss_right() {
     let reference = plain_loss();
     let (rev, _) = stress("stress-slowed-20x", 2, &["--slowdown", "1:20"], reference);
     assert!(rev <= 10.0, "slowed 20×: {rev:.1} reversals of the split per 100 iterations");
-    // The alternating rank: the planned split would follow each iteration's speed into the next;
-    // the long-run and mean splits (balance::Steady) score better and play instead.
-    let (rev, _) = stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
-    assert!(rev <= 10.0, "alternating rank: {rev:.1} reversals of the split per 100 iterations");
+    // The alternating rank is anticipated: the split turns with it, the sizes stay whole and the
+    // loss right (checked in `stress`).
+    stress("stress-alternating", 2, &["--slowdown", "1:4@0%2"], reference);
     // 8 ranks on 2 cores: a rank that keeps or loses a core for a few iterations is followed (and
-    // the split turns at each end), a one-off stall for one iteration; the planned split plays only
-    // while it leads the steadier alternatives by more than the noise of its lead, so the split
-    // does not follow the scheduler from iteration to iteration (docs/reliability.md, "Stress").
+    // the split turns at each end); a gain the model cannot tell from its own noise does not move
+    // the split, so it does not follow the scheduler from iteration to iteration.
     let (rev, _) = stress("stress-8-ranks", 8, &[], reference);
     assert!(rev <= 20.0, "8 ranks on 2 cores: {rev:.1} reversals of the split per 100 iterations");
 }

@@ -13,14 +13,16 @@
 pub mod calibrate;
 pub mod eval;
 pub mod family;
+pub mod reversals;
 pub mod scenario;
 
 pub use scenario::{Cluster, Scenario};
 
-use crate::balance::{equalize, equalize_by, BalanceConfig, Balancer, Cost, Line, Observation, Policy, Reversals};
+use crate::balance::{equalize, equalize_by, BalanceConfig, Balancer, Cost, Line, Observation, Policy, PolicyKind};
 use crate::error::Result;
 use crate::shard::equal_split;
 use crate::train::metrics::IterRecord;
+pub use reversals::Reversals;
 use scenario::Slices;
 use serde::{Deserialize, Serialize};
 
@@ -84,7 +86,7 @@ pub struct PolicyResult {
     /// the average speed).
     pub longest_starved: usize,
     /// How much the split oscillated: the worst rank's reversals per 100 iterations
-    /// ([`crate::balance::Reversals`]).
+    /// ([`Reversals`]).
     #[serde(default)]
     pub reversals_per_100: f64,
 }
@@ -216,16 +218,24 @@ pub fn simulate(
         // The oracle knows the iteration's noise too: it is the bound of any split.
         let noisy: Vec<Line> = lines.iter().zip(&noise).map(|(l, &e)| l.scaled(e)).collect();
         let oracle = equalize_by(&timed(&noisy, &slices, oracle_clock), big_b, &bounds);
-        // Starvation is measured against each rank's equal-time share by its true speed: the
-        // noise-free lines, a rank under slices at its average speed.
-        let average: Vec<Line> =
-            lines.iter().zip(&slices).map(|(l, s)| s.map_or(*l, |s| l.scaled(s.average_stretch()))).collect();
-        let share_of_time = equalize(&average, big_b, &bounds);
+        // Starvation is measured against each rank's equal-time share by its true speed in this
+        // iteration: the noise-free lines and, under slices, where the policy's own clock falls
+        // in them (a rank that a slice freezes for the whole iteration has a share of almost
+        // nothing).
+        let sliced = slices.iter().any(Option::is_some);
+        let share_of_time = if sliced { Vec::new() } else { equalize(&lines, big_b, &bounds) };
         let cpu_share: Vec<f64> = if record.is_some() { share.clone() } else { Vec::new() };
         let known = Known { t, oracle: &oracle, lines: &lines, before: &before, base: &base, atoms: &atoms, sigma };
         for tr in &mut tracks {
             tr.choose(&known, &slices, &bounds);
-            let slowest = tr.compute(&it, &share_of_time);
+            let own;
+            let share_of_time = if sliced {
+                own = equalize_by(&timed(&lines, &slices, tr.clock), big_b, &bounds);
+                &own
+            } else {
+                &share_of_time
+            };
+            let slowest = tr.compute(&it, share_of_time);
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + comm_s);
             tr.clock += slowest + comm_s;
@@ -397,8 +407,8 @@ fn expected_max(base: &[Timed], atoms: &[Vec<(f64, f64)>], sizes: &[usize]) -> f
 impl Track {
     fn new(policy: SimPolicy, cfg: &BalanceConfig, big_b: usize, n: usize, iterations: usize) -> Result<Track> {
         let balancer = match policy {
-            SimPolicy::Lbbsp => Some(Policy::Lbbsp),
-            SimPolicy::ProportionalEpoch => Some(Policy::ProportionalEpoch),
+            SimPolicy::Lbbsp => Some(PolicyKind::Lbbsp),
+            SimPolicy::ProportionalEpoch => Some(PolicyKind::ProportionalEpoch),
             _ => None,
         }
         .map(|p| Balancer::new(&BalanceConfig { policy: p, ..cfg.clone() }, big_b, n))

@@ -42,8 +42,8 @@ pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
 /// Version of the checkpoint layout, stored in `state.json`. Format 2 added `checksum` and
-/// `written_by`.
-pub const FORMAT: u32 = 2;
+/// `written_by`; format 3 holds the balancer's two-regime model (issue 27's rebuild).
+pub const FORMAT: u32 = 3;
 /// How random streams are derived (all keyed by integers, none stateful).
 pub const RNG_SCHEME: &str = "keyed-xoshiro256**: init [seed, 0x1417, layer], epoch permutation [seed, 0xE90C, epoch], per-sample [seed, epoch, sample]";
 

@@ -32,7 +32,7 @@ impl Footprint {
         let before = heap_in_use();
         let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, recipe.train.seed)?;
         // As in `train`: room for the largest slice, and for evaluation batches.
-        model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
+        model.set_capacity(balancer.bounds().iter().map(|b| b.1).max().unwrap_or(1).max(256));
         let model_bytes = heap_in_use().saturating_sub(before);
         let n = model.params.len() as u64 * 4;
         let optimizer = Optimizer::new(&recipe.optimizer, model.params.len());

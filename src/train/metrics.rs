@@ -97,7 +97,7 @@ impl std::fmt::Display for StragglerReport {
 pub struct Summary {
     pub recipe: String,
     /// Written as the recipe spells it (`proportional-epoch`).
-    pub policy: crate::balance::Policy,
+    pub policy: crate::balance::PolicyKind,
     /// The kernels' instruction-set tier, by its name (`avx2`).
     pub isa: crate::kernels::isa::Isa,
     pub world_size: usize,

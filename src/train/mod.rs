@@ -29,7 +29,7 @@ pub mod recipe;
 
 pub use aids::Slowdown;
 
-use crate::balance::{Balancer, Observation};
+use crate::balance::{Balancer, Observation, Policy};
 use crate::data::dataset::{Dataset, Splits};
 use crate::dist::comm::{share_outcome, Communicator};
 use crate::dist::sync::{GradSync, RankStats, SyncTime};
@@ -98,7 +98,7 @@ impl<'a> Run<'a> {
         let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
         consistency::check(comm, recipe, data)?;
         let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
-        model.set_capacity(balancer.bounds.iter().map(|b| b.1).max().unwrap_or(1).max(256));
+        model.set_capacity(balancer.bounds().iter().map(|b| b.1).max().unwrap_or(1).max(256));
         comm.broadcast_into(0, &mut model.params);
         let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
         check_slowdowns(&recipe.runtime.slowdown, world)?;
@@ -532,7 +532,7 @@ fn continued_balancer(fresh: Balancer, r: &checkpoint::Resumed, rank0: bool) -> 
     let world = fresh.sizes().len();
     let why = if r.state.world_size != world {
         format!("was written on {} rank(s), this run has {world}", r.state.world_size)
-    } else if saved.cfg != fresh.cfg || saved.global_batch != fresh.global_batch {
+    } else if saved.config() != fresh.config() || saved.global_batch() != fresh.global_batch() {
         "was written with other [balance] settings".to_string()
     } else {
         return saved.clone();

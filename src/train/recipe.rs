@@ -135,7 +135,7 @@ impl Recipe {
             return Err(Error::config("runtime.threads", "must be at least 1 (leave it unset for one per core)"));
         }
         self.optimizer.validate()?;
-        self.balance.validate(self.train.global_batch)
+        self.balance.validate()
     }
 
     /// The recipe as TOML, written next to every result.
@@ -322,6 +322,6 @@ mod tests {
         let r = Recipe::parse(DIGITS, Path::new("x.toml"), &["train.epochs=7".into(), "balance.policy=lbbsp".into()])
             .unwrap();
         assert_eq!(r.train.epochs, 7);
-        assert_eq!(r.balance.policy, crate::balance::Policy::Lbbsp);
+        assert_eq!(r.balance.policy, crate::balance::PolicyKind::Lbbsp);
     }
 }

@@ -48,7 +48,7 @@ pub struct SimulateArgs {
     /// Write each policy's per-iteration records into DIR/<policy>.jsonl (for `lbbsp plot`).
     #[arg(long, value_name = "DIR")]
     metrics: Option<PathBuf>,
-    /// Override a balancer setting, `balance.KEY=VALUE` (repeatable), e.g. `balance.signal=false`.
+    /// Override a balancer setting, `balance.KEY=VALUE` (repeatable), e.g. `balance.warmup_iters=10`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
     /// Print a scenario that replays a recorded run (`lbbsp train --metrics FILE`): its ranks,

@@ -1,0 +1,688 @@
+//! The LB-BSP balancer: one probabilistic model of every rank's next compute time, and one
+//! decision, the split of the global batch that minimises the expected slowest time.
+//!
+//! - **The model** ([`model`], `docs/balancer.md` gives the equations): rank `i` computes `b`
+//!   samples in `t_i = e^{x_i}·(ρ + b)` seconds. `ρ`, the cost curve's fixed part, is shared by
+//!   the ranks and chosen by one-step prediction error. `x_i` has two regimes, base and lifted
+//!   (a co-located job, a quota, a failing node), with transition rates counted per rank and
+//!   shrunk towards the ranks' pooled rates by empirical Bayes, as the levels and lifts are.
+//!   Onsets may come together: a common-shock model gives the share of iterations with some onset
+//!   what the ranks' history shows.
+//! - **The decision** ([`Balancer::observe`]): among candidate splits, the one with the smallest
+//!   expected slowest time `E[max_i t_i(b_i)]` under that distribution, as a sample average over
+//!   draws keyed by the iteration (so every rank draws the same). The candidates are the equal
+//!   split and [`equalize`]'s splits of the laws planned at their means or at a common quantile.
+//!   A candidate replaces the equal split only for a gain the draws tell from chance, so alike
+//!   ranks keep the equal split and a rank whose time may jump is hedged.
+//!
+//! Everything is a pure function of the gathered observations, so every rank computes the same
+//! split without a broadcast, and the state is part of a checkpoint.
+
+pub mod model;
+pub mod split;
+
+pub use split::{equalize, equalize_by, predicted_max, Cost, Line};
+
+use crate::data::rng::Rng;
+use crate::error::{Error, Result};
+use crate::shard::equal_split;
+use model::{RankModel, Shape};
+use serde::{Deserialize, Serialize};
+
+/// Which policy splits the batch (`balance.policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// Plain BSP: the equal split, never changed.
+    #[default]
+    Bsp,
+    /// LB-BSP: re-split before every allreduce.
+    Lbbsp,
+    /// Re-split once per epoch in proportion to each rank's throughput over the last epoch.
+    ProportionalEpoch,
+}
+
+impl PolicyKind {
+    /// The name the recipe uses (`balance.policy`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Bsp => "bsp",
+            PolicyKind::Lbbsp => "lbbsp",
+            PolicyKind::ProportionalEpoch => "proportional-epoch",
+        }
+    }
+}
+
+/// What a policy sees of one rank's iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub batch: usize,
+    /// Seconds of forward + backward, waiting excluded.
+    pub compute_s: f64,
+    /// The share of its cores' time the rank had while computing (1 when it has no measure).
+    pub cpu_share: f64,
+}
+
+impl Observation {
+    /// An observation without a CPU share measure.
+    pub fn new(batch: usize, compute_s: f64) -> Observation {
+        Observation { batch, compute_s, cpu_share: 1.0 }
+    }
+}
+
+/// A policy that splits the global batch among the ranks: the trainer's and the simulator's.
+pub trait Policy {
+    /// The split of the next full global batch.
+    fn sizes(&self) -> &[usize];
+    /// Learns every rank's iteration (the same gathered observations on every rank).
+    fn observe(&mut self, obs: &[Observation]);
+    /// Marks an epoch boundary.
+    fn end_epoch(&mut self) {}
+}
+
+/// The recipe's `[balance]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalanceConfig {
+    pub policy: PolicyKind,
+    /// Smallest batch a rank may get.
+    pub b_min: usize,
+    /// Largest batch a rank may get (e.g. a memory cap); `None` means B.
+    pub b_max: Option<usize>,
+    /// Iterations at the start whose timings are ignored (cold caches, lazy page faults).
+    pub warmup_iters: usize,
+    /// A metrics file (`lbbsp train --metrics`) of an earlier run whose per-iteration batch sizes
+    /// this run uses instead of the policy's. A balanced split follows the timings of its run, so
+    /// this is how an `lbbsp` run is reproduced bit for bit: same recipe, same world size, the
+    /// first run's sizes. The policy still observes every iteration (its state is what it would be).
+    pub replay: Option<std::path::PathBuf>,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig { policy: PolicyKind::Bsp, b_min: 1, b_max: None, warmup_iters: 5, replay: None }
+    }
+}
+
+impl BalanceConfig {
+    /// Checks the values that do not depend on the world size.
+    pub fn validate(&self) -> Result<()> {
+        if self.b_min == 0 {
+            return Err(Error::config(
+                "balance.b_min",
+                "must be at least 1 (a rank with no samples has no speed to measure)",
+            ));
+        }
+        if let Some(hi) = self.b_max {
+            if hi < self.b_min {
+                return Err(Error::config("balance.b_max", format!("{hi} is below balance.b_min = {}", self.b_min)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Per-rank bounds for `world` ranks, or an error naming the fix when no split of `B` exists.
+    pub fn bounds(&self, global_batch: usize, world: usize) -> Result<Vec<(usize, usize)>> {
+        let hi = self.b_max.unwrap_or(global_batch).min(global_batch);
+        if global_batch < self.b_min * world {
+            return Err(Error::config(
+                "train.global_batch",
+                format!(
+                    "B = {global_batch} cannot give each of the {world} ranks at least balance.b_min = {} samples; \
+                     raise train.global_batch to at least {} or run fewer ranks",
+                    self.b_min,
+                    self.b_min * world
+                ),
+            ));
+        }
+        if hi * world < global_batch {
+            return Err(Error::config(
+                "balance.b_max",
+                format!("{world} ranks × b_max {hi} < B = {global_batch}; raise balance.b_max or run more ranks"),
+            ));
+        }
+        Ok(vec![(self.b_min, hi); world])
+    }
+}
+
+/// Estimates `x_i` measured with variances `v_i`, shrunk towards their mean by the share of their
+/// spread that those variances explain (the normal-means empirical Bayes estimate, the values as
+/// draws from one distribution). Two or fewer are kept as they are.
+fn shrunk(x: &[f64], v: &[f64]) -> Vec<f64> {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let spread = x.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+    let noise = v.iter().sum::<f64>() / n;
+    let keep = if spread > 0.0 && x.len() > 2 { 1.0 - (noise / spread).min(1.0) } else { 1.0 };
+    x.iter().map(|&x| mean + keep * (x - mean)).collect()
+}
+
+/// The rate `q` of the shocks behind the ranks' onsets. Onsets may come together (jobs scheduled
+/// alike, one job across nodes), and then fewer iterations have any than the ranks' own rates `p_i`
+/// make when they are independent. The common-shock model: a shock comes with probability `q`, and
+/// in it each rank at risk begins a lift with probability `p_i/q` on its own, which keeps each
+/// rank's rate and makes some onset come in `q·(1 − Π(1 − p_i/q))` of the iterations. `q` is the
+/// value that makes this the share `some` that the ranks' history gives (by bisection; 1,
+/// independence, where that is as often as independent onsets come).
+fn shock_rate(p: &[f64], some: f64) -> f64 {
+    let any = |q: f64| q * (1.0 - p.iter().map(|&p| 1.0 - (p / q).min(1.0)).product::<f64>());
+    let lowest = p.iter().copied().fold(0.0, f64::max);
+    if any(1.0) <= some || lowest <= 0.0 {
+        return 1.0;
+    }
+    let (mut lo, mut hi) = (lowest.max(some), 1.0);
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        if any(mid) < some {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
+}
+
+/// Each rank's rate of a transition from its forgotten `(hits, of)` counts, by empirical Bayes
+/// with the ranks' rates drawn from two classes: jobs visit some ranks and not others, so most
+/// ranks of a cluster may have a rate near 0 and a few a high one, which no prior centred on the
+/// pooled rate describes (it gives thousands of quiet ranks a share of the few ranks' events).
+/// The classes' rates and sizes are fitted by expectation–maximisation of the Poisson likelihood
+/// `h ~ Poisson(r·of)`; a rank's rate is its posterior mean over the two. One class when the ranks
+/// are alike; Jeffreys' estimate for the pooled rate.
+fn shrunk_rates(counts: impl Iterator<Item = (f64, f64)>) -> Vec<f64> {
+    let counts: Vec<(f64, f64)> = counts.collect();
+    let (hits, of) = counts.iter().fold((0.0, 0.0), |a, c| (a.0 + c.0, a.1 + c.1));
+    if of < 1.0 {
+        // No evidence yet: a lift first seen is expected to last, an onset not to come.
+        return vec![0.0; counts.len()];
+    }
+    let pooled = (hits + 0.5) / (of + 1.0);
+    let clamp = |r: f64| r.clamp(1e-6, 1.0);
+    let (mut lo, mut hi, mut share): (f64, f64, f64) = (clamp(0.5 * pooled), clamp(2.0 * pooled), 0.5);
+    let mut high = vec![0.5; counts.len()];
+    for _ in 0..EM_STEPS {
+        for (p, &(h, o)) in high.iter_mut().zip(&counts) {
+            let log_ratio = h * (hi / lo).ln() - (hi - lo) * o + (share / (1.0 - share)).ln();
+            *p = 1.0 / (1.0 + (-log_ratio).exp());
+        }
+        let sum = |w: &dyn Fn(f64) -> f64| {
+            counts.iter().zip(&high).fold((0.0, 0.0), |a, (&(h, o), &p)| (a.0 + w(p) * h, a.1 + w(p) * o))
+        };
+        let (h1, o1) = sum(&|p| p);
+        let (h0, o0) = sum(&|p| 1.0 - p);
+        hi = clamp((h1 + pooled) / (o1 + 1.0));
+        lo = clamp((h0 + pooled) / (o0 + 1.0));
+        share = (high.iter().sum::<f64>() / counts.len().max(1) as f64).clamp(1e-3, 1.0 - 1e-3);
+    }
+    high.iter().map(|p| p * hi + (1.0 - p) * lo).collect()
+}
+
+/// Steps of the rates' expectation–maximisation.
+const EM_STEPS: usize = 20;
+
+/// Iterations' worth of the ranks' median noise in each rank's own estimate of it.
+const NOISE_PRIOR: f64 = 16.0;
+
+/// Standard errors by which a candidate's mean gain over the draws must exceed zero to replace
+/// the best so far.
+const SIGNIFICANCE: f64 = 2.0;
+
+/// The smallest expected gain, relative to the expected slowest time, that moves the split: below
+/// it the gain is within the error of the levels behind it (alike ranks' levels differ by their
+/// noise, and a split fitted to that difference loses what it expects to win).
+const MIN_GAIN: f64 = 0.005;
+
+/// How far a plan may move a rank's size in one iteration, as a factor either way.
+const TRUST: usize = 2;
+
+/// Draws of the predictive distribution per decision, and the rank-draws a decision may take:
+/// above 2,048 ranks there are fewer draws (16 at the least), so that a step stays within a few
+/// milliseconds (the slowest of thousands of ranks varies less from draw to draw).
+const DRAWS: usize = 64;
+const RANK_DRAWS: usize = 64 * 2048;
+
+/// Draws for `n` ranks.
+fn draws_for(n: usize) -> usize {
+    (RANK_DRAWS / n.max(1)).clamp(16, DRAWS)
+}
+
+/// The common quantiles of the ranks' distributions that candidate splits plan at, with the
+/// standard normal's quantile at each.
+const QUANTILES: [(f64, f64); 5] = [(0.5, 0.0), (0.75, 0.6745), (0.9, 1.2816), (0.97, 1.8808), (0.99, 2.3263)];
+
+/// The balancer of one run: bsp, proportional-epoch or lbbsp (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Balancer {
+    cfg: BalanceConfig,
+    global_batch: usize,
+    bounds: Vec<(usize, usize)>,
+    sizes: Vec<usize>,
+    ranks: Vec<RankModel>,
+    shape: Shape,
+    /// Observations seen, the warm-up's included.
+    seen: usize,
+    /// Per rank, samples and seconds of the epoch so far (proportional-epoch).
+    epoch_totals: Vec<(f64, f64)>,
+    /// The log-sizes of the last onsets of any rank (a ring): what an onset does.
+    onsets: Vec<f64>,
+    next_onset: usize,
+    /// Forgotten sums over iterations of the probability that some rank's lift begins, if the
+    /// ranks' onsets were independent, and of whether one did.
+    shocks: [f64; 2],
+    /// That probability for the next iteration.
+    independent: f64,
+}
+
+/// A rank's predictive law of its next log time per sample: its two regimes' (probability,
+/// level), the onset's or the end's second, and its noise's deviation.
+type Law = ([(f64, f64); 2], f64);
+
+/// Shocks whose lifts are kept, pooled over the ranks.
+const ONSETS_KEPT: usize = 32;
+
+impl Balancer {
+    /// Starts from the equal split; fails with a clear message when no split respects the bounds.
+    pub fn new(cfg: &BalanceConfig, global_batch: usize, world: usize) -> Result<Balancer> {
+        cfg.validate()?;
+        let bounds = cfg.bounds(global_batch, world)?;
+        Ok(Balancer {
+            cfg: cfg.clone(),
+            global_batch,
+            bounds,
+            sizes: equal_split(global_batch, world),
+            ranks: vec![RankModel::default(); world],
+            shape: Shape::new(global_batch, world),
+            seen: 0,
+            epoch_totals: vec![(0.0, 0.0); world],
+            onsets: Vec::new(),
+            next_onset: 0,
+            shocks: [0.0; 2],
+            independent: 0.0,
+        })
+    }
+
+    pub fn config(&self) -> &BalanceConfig {
+        &self.cfg
+    }
+
+    pub fn global_batch(&self) -> usize {
+        self.global_batch
+    }
+
+    /// Every rank's `(lowest, highest)` batch size.
+    pub fn bounds(&self) -> &[(usize, usize)] {
+        &self.bounds
+    }
+
+    /// The split of a global batch of `total` samples: [`Policy::sizes`] for a full batch; for the
+    /// short last batch of an epoch, the same shares above every rank's lower bound, so that the
+    /// bounds hold there too.
+    pub fn split(&self, total: usize) -> Vec<usize> {
+        let lows: Vec<usize> = self.bounds.iter().map(|b| b.0).collect();
+        crate::shard::rescale_above(&self.sizes, total, &lows)
+    }
+
+    /// Each rank's expected compute time as a line in its batch, under the model (for display and
+    /// debugging; the decision uses the whole distribution).
+    pub fn expected_lines(&self) -> Vec<Line> {
+        let rho = self.shape.rho();
+        self.laws()
+            .iter()
+            .map(|(atoms, sigma)| {
+                let x = atoms.iter().map(|(p, x)| p * x.exp()).sum::<f64>() * (0.5 * sigma * sigma).exp();
+                Line { alpha: x * rho, beta: x }
+            })
+            .collect()
+    }
+
+    /// Each rank's base level, and its current lift where it has one, shrunk by [`shrunk`]: alike
+    /// ranks then keep an equal split instead of following each level's noise, and ranks that
+    /// differ by more than it keep their levels.
+    fn levels(&self) -> (Vec<f64>, Vec<Option<f64>>) {
+        let raw: Vec<f64> = self.ranks.iter().map(RankModel::base).collect();
+        let var: Vec<f64> = self.ranks.iter().map(RankModel::base_variance).collect();
+        let bases = shrunk(&raw, &var);
+        let lifted: Vec<(f64, f64)> =
+            self.ranks.iter().filter_map(|r| Some((r.lift()?, r.noise() * r.noise() * model::LIFT_WEIGHT))).collect();
+        let (raw, var): (Vec<f64>, Vec<f64>) = lifted.into_iter().unzip();
+        let mut lifts = shrunk(&raw, &var).into_iter();
+        (bases, self.ranks.iter().map(|r| r.lift().and_then(|_| lifts.next())).collect())
+    }
+
+    /// Each rank's predictive law of its next log time per sample: two atoms (probability, level)
+    /// of its regimes ([`model`]), an onset's level standing for any lift of the pooled ones; and
+    /// its noise's deviation, shrunk towards the ranks' median by [`NOISE_PRIOR`] iterations'
+    /// worth.
+    fn laws(&self) -> Vec<Law> {
+        let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
+        let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
+        let mut noises: Vec<f64> = self.ranks.iter().map(|r| r.noise() * r.noise()).collect();
+        let median = if noises.is_empty() {
+            0.0
+        } else {
+            let mid = noises.len() / 2;
+            *noises.select_nth_unstable_by(mid, f64::total_cmp).1
+        };
+        let jumps = self.jumps();
+        let (bases, lifts) = self.levels();
+        bases
+            .iter()
+            .zip(&self.ranks)
+            .enumerate()
+            .map(|(i, (&base, r))| {
+                let c = r.counts();
+                let sigma = ((c[0] * r.noise() * r.noise() + NOISE_PRIOR * median) / (c[0] + NOISE_PRIOR)).sqrt();
+                let atoms = match lifts[i] {
+                    Some(l) => [(1.0 - off[i], base + l), (off[i], base)],
+                    None => [(1.0 - on[i], base), (on[i], base + jumps[i])],
+                };
+                (atoms, sigma)
+            })
+            .collect()
+    }
+
+    /// Each rank's lift at an onset: its own onsets' mean, shrunk by [`shrunk`] towards the
+    /// median of the last shocks' (ranks slowed by different jobs differ; alike ranks share one).
+    fn jumps(&self) -> Vec<f64> {
+        let median = self.median_onset();
+        let n = self.onsets.len().max(1) as f64;
+        let spread = self.onsets.iter().map(|j| (j - median) * (j - median)).sum::<f64>() / n;
+        let (own, var): (Vec<f64>, Vec<f64>) = self
+            .ranks
+            .iter()
+            .map(|r| match r.jump() {
+                (j, c) if c >= 1.0 => (j, spread / c),
+                _ => (median, 0.0),
+            })
+            .unzip();
+        shrunk(&own, &var)
+    }
+
+    /// The median lift of the onsets kept (0 before any).
+    fn median_onset(&self) -> f64 {
+        let mut sorted = self.onsets.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Draws of every rank's next time per sample (`e^x`), [`draws_for`] rows of one per rank, from one
+    /// stream keyed by the iteration in a fixed order (the same on every rank): a lifted rank's
+    /// regime by its law; an onset by the common-shock model ([`shock_rate`]) with the shock's lift
+    /// drawn from the last shocks', around the rank's own; plus the base level's uncertainty and
+    /// the noise. Also returns the probability of some onset if onsets were independent.
+    fn draws(&self, laws: &[Law]) -> (Vec<f64>, Vec<f64>, f64) {
+        let n = self.ranks.len();
+        let median = self.median_onset();
+        let at_risk: Vec<f64> =
+            laws.iter().zip(&self.ranks).filter(|(_, r)| r.lift().is_none()).map(|(l, _)| l.0[1].0).collect();
+        // Independent onsets would make some onset come in `1 − Π(1 − p_i)` of the iterations;
+        // the past iterations had `clustering` times what independence predicted for them.
+        let independent = 1.0 - at_risk.iter().map(|p| 1.0 - p).product::<f64>();
+        let clustering = ((self.shocks[1] + 1.0) / (self.shocks[0] + 1.0)).min(1.0);
+        let shock = shock_rate(&at_risk, clustering * independent);
+        // The noise and the base level's own uncertainty, independent normals, as one.
+        let spread: Vec<f64> =
+            laws.iter().zip(&self.ranks).map(|((_, sigma), r)| (sigma * sigma + r.base_variance()).sqrt()).collect();
+        let mut rng = Rng::from_keys(&[0xba1a, self.seen as u64]);
+        let mut level = vec![0.0f64; n * draws_for(n)];
+        let (rho, shapes) = (self.shape.rho(), self.shape.weights());
+        let mut rhos = Vec::with_capacity(draws_for(n));
+        for row in level.chunks_mut(n) {
+            // A shape by its weight; each rank's level moved to it at the size it was learned at.
+            let mut u = rng.next_f64();
+            let g = shapes.iter().find(|(_, w)| {
+                u -= w;
+                u < 0.0
+            });
+            let g = g.map_or(rho, |s| s.0);
+            rhos.push(g);
+            let shocked = rng.next_f64() < shock;
+            let jump = if self.onsets.is_empty() { 0.0 } else { self.onsets[rng.below(self.onsets.len())] - median };
+            for (i, ((atoms, _), r)) in laws.iter().zip(&self.ranks).enumerate() {
+                let x = if r.lift().is_some() {
+                    if rng.next_f64() < atoms[0].0 {
+                        atoms[0].1
+                    } else {
+                        atoms[1].1
+                    }
+                } else if shocked && rng.next_f64() * shock < atoms[1].0 {
+                    atoms[1].1 + jump
+                } else {
+                    atoms[0].1
+                };
+                let at = r.base_size();
+                let reshaped = if g == rho { 0.0 } else { ((rho + at) / (g + at)).ln() };
+                row[i] = (x + reshaped + spread[i] * rng.normal() as f64).exp();
+            }
+        }
+        (level, rhos, independent)
+    }
+
+    /// The candidate splits: the equal split, then [`equalize`]'s split of each rank's law planned
+    /// at its mean and at each common quantile of its regimes (with the noise's quantile added).
+    /// The plans come from the laws themselves, not from the draws: a plan fitted to the draws it
+    /// is judged on would win by their sampling noise.
+    fn candidates(&self, laws: &[Law], rho: f64) -> Vec<Vec<usize>> {
+        let line = |x: f64| Line { alpha: x * rho, beta: x };
+        let mut plans: Vec<Vec<Line>> = vec![Vec::with_capacity(laws.len()); 1 + QUANTILES.len()];
+        for (atoms, sigma) in laws {
+            let mean = atoms.iter().map(|(p, x)| p * x.exp()).sum::<f64>() * (0.5 * sigma * sigma).exp();
+            plans[0].push(line(mean));
+            let (lo, hi) = if atoms[0].1 <= atoms[1].1 { (atoms[0], atoms[1]) } else { (atoms[1], atoms[0]) };
+            for (k, (q, z)) in QUANTILES.iter().enumerate() {
+                let x = if lo.0 >= *q { lo.1 } else { hi.1 };
+                plans[k + 1].push(line((x + sigma * z).exp()));
+            }
+        }
+        // A plan keeps each rank's size within a factor of [`TRUST`] of the sizes it was seen at
+        // lately: the model is learned near them, and a shape wrongly learned (a fixed part far
+        // too large makes a rank's time look the same at 1 sample and at all of them) would
+        // otherwise put the whole batch on one rank in one step. A rank seen at both of two
+        // sizes (one that alternates) moves between them at once.
+        let near: Vec<(usize, usize)> = self
+            .ranks
+            .iter()
+            .zip(&self.sizes)
+            .zip(&self.bounds)
+            .map(|((r, &b), &(lo, hi))| {
+                let (low, high) = r.seen();
+                let low = (low.min(b as f64) / TRUST as f64).floor() as usize;
+                let high = (high.max(b as f64) * TRUST as f64).ceil() as usize;
+                (lo.max(low).min(b), hi.min(high).max(b))
+            })
+            .collect();
+        let mut candidates = vec![equal_split(self.global_batch, laws.len())];
+        for p in &plans {
+            let sizes = equalize(p, self.global_batch, &near);
+            if !candidates.contains(&sizes) {
+                candidates.push(sizes);
+            }
+        }
+        candidates
+    }
+
+    /// The lbbsp decision (module docs): over the draws (the same for every candidate), a candidate
+    /// replaces the best so far (the equal split first, then the plans from the mean to the highest
+    /// quantile) only where its mean gain exceeds [`SIGNIFICANCE`] standard errors of that gain and
+    /// [`MIN_GAIN`]: a gain the draws cannot tell from chance is not taken, so the split stays
+    /// equal where nothing is clearly better, and a hedge must earn its place over the mean plan. Also
+    /// returns the probability of some onset if onsets were independent.
+    fn decide(&self) -> (Vec<usize>, f64) {
+        let rho = self.shape.rho();
+        let laws = self.laws();
+        let (level, rhos, independent) = self.draws(&laws);
+
+        let mut candidates = self.candidates(&laws, rho);
+        let slowest = |sizes: &[usize]| -> Vec<f64> {
+            level
+                .chunks(sizes.len())
+                .zip(&rhos)
+                .map(|(row, g)| row.iter().zip(sizes).map(|(x, &b)| x * (g + b as f64)).fold(0.0, f64::max))
+                .collect()
+        };
+        let mut best = (slowest(&candidates[0]), 0);
+        for (k, c) in candidates.iter().enumerate().skip(1) {
+            let times = slowest(c);
+            let gains: Vec<f64> = best.0.iter().zip(&times).map(|(a, b)| a - b).collect();
+            let m = gains.len() as f64;
+            let mean = gains.iter().sum::<f64>() / m;
+            let var = gains.iter().map(|g| (g - mean) * (g - mean)).sum::<f64>() / (m - 1.0);
+            let floor = MIN_GAIN * best.0.iter().sum::<f64>() / m;
+            if mean > floor && mean * mean > SIGNIFICANCE * SIGNIFICANCE * var / m {
+                best = (times, k);
+            }
+        }
+        (candidates.swap_remove(best.1), independent)
+    }
+}
+
+impl Policy for Balancer {
+    fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// Records every rank's measurements of the iteration just computed and, under `lbbsp`, picks
+    /// the split of the next iteration. Called on every rank with the same (gathered) input.
+    fn observe(&mut self, obs: &[Observation]) {
+        assert_eq!(obs.len(), self.sizes.len(), "one observation per rank");
+        self.seen += 1;
+        // The short last batch of an epoch is left out: its sizes are not the ones being tuned.
+        let full = obs.iter().map(|o| o.batch).sum::<usize>() == self.global_batch;
+        if self.seen <= self.cfg.warmup_iters || !full {
+            return;
+        }
+        match self.cfg.policy {
+            PolicyKind::Bsp => {}
+            PolicyKind::ProportionalEpoch => {
+                for (o, tot) in obs.iter().zip(self.epoch_totals.iter_mut()) {
+                    tot.0 += o.batch as f64;
+                    tot.1 += o.compute_s;
+                }
+            }
+            PolicyKind::Lbbsp => {
+                let cpu: Vec<(f64, f64)> =
+                    obs.iter().map(|o| (o.batch as f64, o.compute_s * o.cpu_share.clamp(1e-3, 1.0))).collect();
+                let before = self.shape.rho();
+                self.shape.observe(&cpu);
+                let rho = self.shape.rho();
+                if rho != before {
+                    self.ranks.iter_mut().for_each(|r| r.reshape(before, rho));
+                }
+                self.shocks[0] = model::COUNT_FORGETTING * self.shocks[0] + self.independent;
+                self.shocks[1] *= model::COUNT_FORGETTING;
+                let mut jumps: Vec<f64> =
+                    self.ranks.iter_mut().zip(obs).filter_map(|(r, o)| r.observe(o.batch, o.compute_s, rho)).collect();
+                // One lift per shock, the median of its onsets: ranks that a shock slows together
+                // are one event, not many.
+                if !jumps.is_empty() {
+                    let mid = jumps.len() / 2;
+                    let jump = *jumps.select_nth_unstable_by(mid, f64::total_cmp).1;
+                    if self.onsets.len() < ONSETS_KEPT {
+                        self.onsets.push(jump);
+                    } else {
+                        self.onsets[self.next_onset] = jump;
+                    }
+                    self.next_onset = (self.next_onset + 1) % ONSETS_KEPT;
+                }
+                self.shocks[1] += f64::from(u8::from(!jumps.is_empty()));
+                // One iteration tells a rank's speed but not whether it lasts: the split moves
+                // from the second on.
+                if self.seen > self.cfg.warmup_iters + 1 {
+                    (self.sizes, self.independent) = self.decide();
+                }
+            }
+        }
+    }
+
+    /// Under `proportional-epoch`, re-splits by the last epoch's throughput.
+    fn end_epoch(&mut self) {
+        if self.cfg.policy == PolicyKind::ProportionalEpoch
+            && self.epoch_totals.iter().all(|&(b, t)| b > 0.0 && t > 0.0)
+        {
+            let lines: Vec<Line> = self.epoch_totals.iter().map(|&(b, t)| Line { alpha: 0.0, beta: t / b }).collect();
+            self.sizes = equalize(&lines, self.global_batch, &self.bounds);
+        }
+        self.epoch_totals.iter_mut().for_each(|t| *t = (0.0, 0.0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lbbsp(b: usize, n: usize) -> Balancer {
+        Balancer::new(&BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() }, b, n).unwrap()
+    }
+
+    #[test]
+    fn impossible_bounds_name_the_field() {
+        let cfg = BalanceConfig::default();
+        let e = Balancer::new(&cfg, 2, 3).unwrap_err().to_string();
+        assert!(e.contains("train.global_batch") && e.contains("3 ranks"), "{e}");
+        let cfg = BalanceConfig { b_max: Some(10), ..Default::default() };
+        let e = Balancer::new(&cfg, 64, 3).unwrap_err().to_string();
+        assert!(e.contains("balance.b_max"), "{e}");
+    }
+
+    #[test]
+    fn a_slower_rank_gets_its_equal_time_share() {
+        let mut bal = lbbsp(256, 2);
+        for _ in 0..30 {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| Observation::new(b, (1.0 + 2.0 * i as f64) * (1e-4 + 1e-5 * b as f64)))
+                .collect();
+            bal.observe(&obs);
+        }
+        // 3× slower with the fixed cost (10 samples' worth) stretched alike: 3·(10 + b₁) = 10 + b₀.
+        assert!(bal.sizes()[1].abs_diff(59) <= 2, "{:?}", bal.sizes());
+    }
+
+    /// Alike ranks with ±4% noise keep the equal split: no candidate is expected faster by more
+    /// than the ranks' own errors tell.
+    #[test]
+    fn alike_noisy_ranks_keep_the_equal_split() {
+        let mut bal = lbbsp(1024, 16);
+        let mut rng = Rng::from_keys(&[7]);
+        let mut moved = 0;
+        for _ in 0..200 {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .map(|&b| Observation::new(b, (1e-4 + 1e-5 * b as f64) * (1.0 + 0.04 * (2.0 * rng.next_f64() - 1.0))))
+                .collect();
+            bal.observe(&obs);
+            let (lo, hi) = (bal.sizes().iter().min().unwrap(), bal.sizes().iter().max().unwrap());
+            moved += usize::from(*hi as f64 > 1.1 * *lo as f64);
+        }
+        assert!(moved <= 10, "{moved} of 200 splits more than 10% apart: {:?}", bal.sizes());
+    }
+
+    /// A rank slowed 4× every other iteration is anticipated: it gets its slow share before its
+    /// slow iterations and its equal share before its fast ones, never the other way round.
+    #[test]
+    fn an_alternating_rank_is_anticipated() {
+        let mut bal = lbbsp(512, 4);
+        let mut history = Vec::new();
+        for k in 0..120 {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| {
+                    let f = if i == 0 && k % 2 == 0 { 4.0 } else { 1.0 };
+                    Observation { batch: b, compute_s: f * 1e-5 * b as f64, cpu_share: 1.0 / f }
+                })
+                .collect();
+            bal.observe(&obs);
+            history.push(bal.sizes()[0]);
+        }
+        // `history[k]` is the size of iteration k + 1: fast after an even k.
+        for (k, &b) in history.iter().enumerate().skip(20) {
+            let slow_next = k % 2 == 1;
+            assert!(if slow_next { b <= 48 } else { b >= 120 }, "iteration {}: {b} ({history:?})", k + 1);
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The model of a rank: the predictive distribution of its next compute time as a function of its
+//! batch.
+//!
+//! A rank computes `b` samples in `t = e^{x}·(ρ + b)` seconds: `ρ` the cost curve's fixed part in
+//! samples' worth, shared by the ranks ([`Shape`]), and `x` the rank's log time per sample (its
+//! speed, whatever slows it: a co-located job, a quota, a slower node). `x` follows a two-regime
+//! model:
+//!
+//! ```text
+//!     base:    x = β_i + ε,           lifted:  x = β_i + L + ε,        ε ~ N(0, σ_i²)
+//!     P(base → lifted) = p_on,i,       P(lifted → base) = p_off,i
+//! ```
+//!
+//! `β_i` is the rank's base level, an exponential smoothing of its base iterations (the
+//! steady-state Kalman filter of a slowly moving level), reset downwards when the rank gets
+//! faster by twice a lift; an iteration more than `max(10%, 3σ_i)` above it is lifted, and `L` is
+//! its lift (the rank's current one while it lasts, its onsets' mean at an onset). The transition
+//! counts are kept per rank with forgetting; the balancer shrinks the rates, levels and lifts
+//! towards the ranks' common ones by empirical Bayes. A job that stays (a hog, a fail-slow node)
+//! is a lift that does not end (`p_off → 0`); bursts end at their rate; a rank slowed every other
+//! iteration switches every iteration (`p_on = p_off = 1`); ranks sharing cores switch at random
+//! (`p = ½`), which the model predicts as no better than the equal split.
+
+use serde::{Deserialize, Serialize};
+
+/// The smallest lift (10%): below it, the noise of a quiet rank.
+const MIN_LIFT: f64 = 0.0953;
+
+/// A lift is at least this many deviations of the base's noise.
+const LIFT_DEVIATIONS: f64 = 3.0;
+
+/// Gain of the base level's smoothing (about ten iterations), and of a lift's level while it
+/// lasts (the last iterations weigh most).
+const BASE_GAIN: f64 = 0.1;
+const LIFT_GAIN: f64 = 0.5;
+
+/// The variance of a lift's level over the noise's: exponential smoothing of gain `K` averages
+/// the noise down to `K/(2 − K)` of it.
+pub const LIFT_WEIGHT: f64 = LIFT_GAIN / (2.0 - LIFT_GAIN);
+
+/// Forgetting of the noise's variance and of the transition counts (about a hundred iterations).
+const NOISE_FORGETTING: f64 = 0.95;
+pub const COUNT_FORGETTING: f64 = 0.998;
+
+/// How fast the range of sizes a rank was seen at closes in on its latest size, per iteration.
+const SEEN_FORGETTING: f64 = 0.01;
+
+/// The noise's variance before any is measured: about ±3%.
+const PRIOR_NOISE: f64 = 1e-3;
+
+/// Forgetting of the shape's errors, per iteration (about a thousand iterations): only iterations
+/// in which sizes moved tell anything about it, and they may be long ago.
+const SHAPE_FORGETTING: f64 = 0.999;
+
+/// Gain of each candidate shape's level of a rank (as the base's).
+const SHAPE_GAIN: f64 = 0.1;
+
+/// A prediction error beyond this under every value is a change of speed, not shape.
+const SHAPE_CLIP: f64 = 0.2;
+
+/// Terms' worth of prior for the variance of the shape's errors.
+const SHAPE_PRIOR_TERMS: f64 = 8.0;
+
+/// Ranks whose errors the shape is fitted on: every rank up to this many, else an even sample of
+/// them (the shape is shared, and a few hundred ranks tell it as well as ten thousand).
+const SHAPE_RANKS: usize = 256;
+
+/// The cost curve's fixed part in samples' worth, `ρ = α/β`, shared by the ranks: they run the
+/// same model, and contention stretches fixed and per-sample costs alike. It is chosen from a
+/// geometric grid (0, and 1/64 of the equal share to 16 times it) by one-step prediction error:
+/// for each value `g`, each rank's level of `ln(c/(g + b))` on its CPU clock `c` is smoothed as
+/// the base is, and `g`'s score is the forgotten sum of the squared, clipped errors with which
+/// those levels predicted the next iteration. Only changes of size tell the values apart. A
+/// level smooths many iterations, so a size that the balancer moved because of one iteration's
+/// noise does not make that noise look like shape (pairs of consecutive iterations do: the rank
+/// that was slow by chance gets fewer samples and is faster next, by chance again, and `ρ`
+/// drifts to 0).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Shape {
+    grid: Vec<f64>,
+    errors: Vec<f64>,
+    /// Per fitted rank and grid value, its level before the last iteration and after it (empty
+    /// until its first iteration).
+    levels: Vec<Vec<[f64; 2]>>,
+    /// Per fitted rank, whether its level before the last iteration holds more than that
+    /// iteration alone.
+    lagged: Vec<bool>,
+    stride: usize,
+    /// The grid value in use.
+    chosen: usize,
+    /// The forgotten count of the errors' terms.
+    terms: f64,
+}
+
+impl Shape {
+    pub fn new(global_batch: usize, world: usize) -> Shape {
+        let share = global_batch as f64 / world.max(1) as f64;
+        let grid: Vec<f64> = std::iter::once(0.0).chain((-12..=8).map(|k| share * 2f64.powf(k as f64 / 2.0))).collect();
+        let stride = world.div_ceil(SHAPE_RANKS).max(1);
+        Shape {
+            errors: vec![0.0; grid.len()],
+            grid,
+            levels: vec![Vec::new(); world.div_ceil(stride)],
+            lagged: vec![false; world.div_ceil(stride)],
+            stride,
+            chosen: 0,
+            terms: 0.0,
+        }
+    }
+
+    /// The values of `ρ` with their posterior weights, the errors taken as Gaussian:
+    /// `w_g ∝ exp(−(E_g − E_min)/(2·s²))`, `s²` the mean square of the best value's terms with a
+    /// prior (those at sizes that did not move measure the noise as well). The balancer averages
+    /// its predictions over them, so that a split that is good only at one value (all of the batch
+    /// on one rank, when `ρ` is barely known) is judged at the others too.
+    pub fn weights(&self) -> Vec<(f64, f64)> {
+        let (least, s2) = self.residual();
+        let w: Vec<f64> = self.errors.iter().map(|e| (-(e - least) / (2.0 * s2)).exp()).collect();
+        let total: f64 = w.iter().sum();
+        self.grid.iter().zip(&w).filter(|(_, &w)| w > 1e-6 * total).map(|(&g, &w)| (g, w / total)).collect()
+    }
+
+    /// The least error, and the variance of one term: the least error's mean square, with a
+    /// prior of [`SHAPE_PRIOR_TERMS`] terms of 10% (a handful of terms fitted by the best of 22
+    /// values would otherwise look exact).
+    fn residual(&self) -> (f64, f64) {
+        let least = self.errors.iter().copied().fold(f64::INFINITY, f64::min);
+        (least, (least + SHAPE_PRIOR_TERMS * 0.01) / (self.terms + SHAPE_PRIOR_TERMS))
+    }
+
+    /// `ρ`: the grid value of least error (0, proportional, until one is told apart).
+    pub fn rho(&self) -> f64 {
+        self.grid.get(self.chosen).copied().unwrap_or(0.0)
+    }
+
+    /// Learns an iteration's sizes and CPU seconds, one pair per rank.
+    pub fn observe(&mut self, iteration: &[(f64, f64)]) {
+        self.errors.iter_mut().for_each(|e| *e *= SHAPE_FORGETTING);
+        self.terms *= SHAPE_FORGETTING;
+        let fitted = self.levels.iter_mut().zip(self.lagged.iter_mut());
+        for ((levels, lagged), &(b, cpu)) in fitted.zip(iteration.iter().step_by(self.stride)) {
+            if !(b > 0.0 && cpu > 0.0 && cpu.is_finite()) {
+                continue;
+            }
+            let xs: Vec<f64> = self.grid.iter().map(|g| (cpu / (g + b)).ln()).collect();
+            // A change of speed that no value explains within the clip (a job came or went) starts
+            // the levels afresh: their slow catching up would read as shape, whichever way the
+            // balancer moved the size meanwhile.
+            let unexplained = levels.iter().zip(&xs).all(|(l, x)| (x - l[1]).abs() > SHAPE_CLIP);
+            if levels.is_empty() || unexplained {
+                // No level before this iteration: the next one is not predicted from a level that
+                // is this iteration alone, noise and all.
+                *levels = xs.iter().map(|&x| [x, x]).collect();
+                *lagged = false;
+                continue;
+            }
+            // The level before the last iteration predicts: the balancer moved this iteration's
+            // size because of the last one's noise, and a level that holds that noise would credit
+            // the small values of `ρ` with its regression to the mean.
+            for ((e, l), x) in self.errors.iter_mut().zip(levels.iter_mut()).zip(&xs) {
+                if *lagged {
+                    *e += (x - l[0]) * (x - l[0]);
+                }
+                *l = [l[1], l[1] + SHAPE_GAIN * (x - l[1])];
+            }
+            self.terms += f64::from(u8::from(*lagged));
+            *lagged = true;
+        }
+        // A value replaces the one in use only when clearly better: by a likelihood ratio of e²
+        // (sizes that never moved leave every value's error the same, and few moves tell little).
+        let best = (0..self.grid.len()).min_by(|&a, &b| self.errors[a].total_cmp(&self.errors[b])).unwrap_or(0);
+        let (_, s2) = self.residual();
+        if (self.errors[self.chosen] - self.errors[best]) / (2.0 * s2) > 2.0 {
+            self.chosen = best;
+        }
+    }
+}
+
+/// One rank's model (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankModel {
+    started: bool,
+    base: f64,
+    /// The base's variance over the noise's: 1 for one observation, `K/(2 − K)` for many.
+    base_weight: f64,
+    /// Forgotten variance of the base iterations about the base level.
+    noise: f64,
+    /// The size the base was learned at (smoothed alike): a new shape moves the level by what it
+    /// makes of that size.
+    base_size: f64,
+    /// The current lift's level and the size it was learned at, while lifted.
+    lifted: Option<(f64, f64)>,
+    /// The mean lift of the rank's onsets.
+    jump: f64,
+    /// The range of sizes the rank was seen at lately (it forgets 1% an iteration).
+    seen: (f64, f64),
+    /// Forgotten counts: base iterations and onsets after them, lifted iterations and ends after
+    /// them.
+    counts: [f64; 4],
+}
+
+/// What an observation did to a rank: the lift of an onset, if one began.
+pub type Onset = Option<f64>;
+
+impl RankModel {
+    /// The range of sizes the rank was seen at lately.
+    pub fn seen(&self) -> (f64, f64) {
+        self.seen
+    }
+
+    /// The size the base level was learned at.
+    pub fn base_size(&self) -> f64 {
+        self.base_size
+    }
+
+    /// The base level `β_i`.
+    pub fn base(&self) -> f64 {
+        self.base
+    }
+
+    /// The variance of the base level's estimate: exponential smoothing of gain `K` averages the
+    /// noise `σ²` of its observations down to `σ²·w`, `w ← (1 − K)²·w + K²` from 1 for the first
+    /// (`K/(2 − K)` after many).
+    pub fn base_variance(&self) -> f64 {
+        self.noise * self.base_weight
+    }
+
+    /// The noise's deviation `σ_i`.
+    pub fn noise(&self) -> f64 {
+        self.noise.sqrt()
+    }
+
+    /// The current lift above the base, while lifted.
+    pub fn lift(&self) -> Option<f64> {
+        self.lifted.map(|(l, _)| l - self.base)
+    }
+
+    /// The mean lift of the rank's onsets (the last ten weigh most), and how many it has had
+    /// (forgotten).
+    pub fn jump(&self) -> (f64, f64) {
+        (self.jump, self.counts[1])
+    }
+
+    /// Forgotten counts: base iterations, onsets, lifted iterations, ends.
+    pub fn counts(&self) -> [f64; 4] {
+        self.counts
+    }
+
+    /// Moves the levels to a new shape, `ρ` from `before`: what it makes of the same times at the
+    /// sizes they were learned at, so that a new shape is not read as every rank changing speed.
+    pub fn reshape(&mut self, before: f64, rho: f64) {
+        let d = |b: f64| ((before + b) / (rho + b)).ln();
+        self.base += d(self.base_size);
+        if let Some((l, b)) = self.lifted.as_mut() {
+            *l += d(*b);
+        }
+    }
+
+    /// Learns an iteration: `b` samples in `t` seconds, with the shared shape `rho`.
+    pub fn observe(&mut self, b: usize, t: f64, rho: f64) -> Onset {
+        let b = b as f64;
+        if !(t > 0.0 && t.is_finite() && b > 0.0) {
+            return None;
+        }
+        let x = (t / (rho + b)).ln();
+        if !self.started {
+            *self = RankModel {
+                started: true,
+                base: x,
+                base_weight: 1.0,
+                noise: PRIOR_NOISE,
+                base_size: b,
+                lifted: None,
+                jump: 0.0,
+                seen: (b, b),
+                counts: [0.0; 4],
+            };
+            return None;
+        }
+        self.seen = (b.min(self.seen.0 * (1.0 + SEEN_FORGETTING)), b.max(self.seen.1 * (1.0 - SEEN_FORGETTING)));
+        let d = x - self.base;
+        let lifted = d > MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt());
+        self.counts.iter_mut().for_each(|c| *c *= COUNT_FORGETTING);
+        let was = self.lifted.is_some();
+        let k = if was { 2 } else { 0 };
+        self.counts[k] += 1.0;
+        let mut onset = None;
+        if lifted {
+            self.lifted = Some(match self.lifted {
+                Some((l, s)) => (l + LIFT_GAIN * (x - l), s + LIFT_GAIN * (b - s)),
+                None => {
+                    self.counts[1] += 1.0;
+                    self.jump += (d - self.jump) / self.counts[1].min(10.0);
+                    onset = Some(d);
+                    (x, b)
+                }
+            });
+        } else {
+            if was {
+                self.counts[3] += 1.0;
+            }
+            self.lifted = None;
+            // Faster than the base by twice what makes a lift: the base was too slow (a job that
+            // had been there from the start has left), so it moves there at once. Within that, it
+            // may be the noise's tail, which would leave the base low and every later iteration
+            // lifted.
+            if d < -2.0 * MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt()) {
+                self.base = x;
+                self.base_size = b;
+                self.base_weight = 1.0;
+            } else {
+                self.noise = NOISE_FORGETTING * self.noise + (1.0 - NOISE_FORGETTING) * d * d;
+                self.base += BASE_GAIN * d;
+                self.base_size += BASE_GAIN * (b - self.base_size);
+                self.base_weight = (1.0 - BASE_GAIN).powi(2) * self.base_weight + BASE_GAIN * BASE_GAIN;
+            }
+        }
+        onset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lift_is_told_from_noise_and_its_ends_are_counted() {
+        let mut m = RankModel::default();
+        for k in 0..200 {
+            // ±2% noise, and 2× for 3 of every 10 iterations.
+            let noise = if k % 2 == 0 { 1.02 } else { 0.98 };
+            let f = if k % 10 >= 7 { 2.0 } else { 1.0 };
+            m.observe(100, f * noise * 0.01, 0.0);
+        }
+        assert!((m.base() - (1e-4f64).ln()).abs() < 0.02, "{}", m.base());
+        let [base, on, lifted, off] = m.counts();
+        // Onsets once in seven base iterations, ends once in three lifted ones.
+        assert!((on / base - 1.0 / 7.0).abs() < 0.03 && (off / lifted - 1.0 / 3.0).abs() < 0.05, "{:?}", m.counts());
+        assert!(m.noise() < 0.03, "{}", m.noise());
+    }
+
+    #[test]
+    fn a_rank_that_gets_faster_moves_its_base_at_once() {
+        let mut m = RankModel::default();
+        for k in 0..40 {
+            m.observe(100, if k < 20 { 0.02 } else { 0.01 }, 0.0);
+        }
+        assert!((m.base() - (1e-4f64).ln()).abs() < 1e-9 && m.lift().is_none(), "{}", m.base());
+    }
+
+    #[test]
+    fn the_shape_is_learned_from_varied_sizes_whatever_the_speed() {
+        let mut shape = Shape::new(80, 1);
+        // 1 ms fixed + 0.1 ms per sample (ρ = 10 samples, on the grid of an equal share of 80:
+        // 80·2^{-3}); a speed that changes halfway does not bend it.
+        let line = |b: usize| 1e-3 + 1e-4 * b as f64;
+        for k in 0..40 {
+            let b = if k % 2 == 0 { 60 } else { 100 };
+            let f = if k < 20 { 1.0 } else { 1.7 };
+            shape.observe(&[(b as f64, f * line(b))]);
+        }
+        assert!((shape.rho() - 10.0).abs() < 1e-6, "{}", shape.rho());
+    }
+}
