@@ -277,6 +277,17 @@ pub struct Balancer {
 /// level), the onset's or the end's second, and its noise's deviation.
 type Law = ([(f64, f64); 2], f64);
 
+/// A law's expected time per sample, `E[e^x]`: its regimes' mean with the noise's lognormal
+/// factor.
+fn mean_time((atoms, sigma): &Law) -> f64 {
+    atoms.iter().map(|(p, x)| p * x.exp()).sum::<f64>() * (0.5 * sigma * sigma).exp()
+}
+
+/// The line of `x` seconds per sample with the shared fixed part `ρ`.
+fn per_sample_line(x: f64, rho: f64) -> Line {
+    Line { alpha: x * rho, beta: x }
+}
+
 /// Shocks whose lifts are kept, pooled over the ranks.
 const ONSETS_KEPT: usize = 32;
 
@@ -326,13 +337,7 @@ impl Balancer {
     /// debugging; the decision uses the whole distribution).
     pub fn expected_lines(&self) -> Vec<Line> {
         let rho = self.shape.rho();
-        self.laws()
-            .iter()
-            .map(|(atoms, sigma)| {
-                let x = atoms.iter().map(|(p, x)| p * x.exp()).sum::<f64>() * (0.5 * sigma * sigma).exp();
-                Line { alpha: x * rho, beta: x }
-            })
-            .collect()
+        self.laws().iter().map(|law| per_sample_line(mean_time(law), rho)).collect()
     }
 
     /// Each rank's base level, and its current lift where it has one, shrunk by [`shrunk`]: alike
@@ -450,8 +455,7 @@ impl Balancer {
                 } else {
                     atoms[0].1
                 };
-                let at = r.base_size();
-                let reshaped = if g == rho { 0.0 } else { ((rho + at) / (g + at)).ln() };
+                let reshaped = if g == rho { 0.0 } else { model::reshaped(rho, g, r.base_size()) };
                 row[i] = (x + reshaped + spread[i] * rng.normal() as f64).exp();
             }
         }
@@ -463,11 +467,10 @@ impl Balancer {
     /// The plans come from the laws themselves, not from the draws: a plan fitted to the draws it
     /// is judged on would win by their sampling noise.
     fn candidates(&self, laws: &[Law], rho: f64) -> Vec<Vec<usize>> {
-        let line = |x: f64| Line { alpha: x * rho, beta: x };
+        let line = |x: f64| per_sample_line(x, rho);
         let mut plans: Vec<Vec<Line>> = vec![Vec::with_capacity(laws.len()); 1 + QUANTILES.len()];
-        for (atoms, sigma) in laws {
-            let mean = atoms.iter().map(|(p, x)| p * x.exp()).sum::<f64>() * (0.5 * sigma * sigma).exp();
-            plans[0].push(line(mean));
+        for law @ (atoms, sigma) in laws {
+            plans[0].push(line(mean_time(law)));
             let (lo, hi) = if atoms[0].1 <= atoms[1].1 { (atoms[0], atoms[1]) } else { (atoms[1], atoms[0]) };
             for (k, (q, z)) in QUANTILES.iter().enumerate() {
                 let x = if lo.0 >= *q { lo.1 } else { hi.1 };

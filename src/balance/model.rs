@@ -176,6 +176,12 @@ impl Shape {
     }
 }
 
+/// What moving the shape from `ρ = from` to `to` does to a level learned at size `at`: the same
+/// time there, `e^x·(from + at) = e^{x'}·(to + at)`.
+pub fn reshaped(from: f64, to: f64, at: f64) -> f64 {
+    ((from + at) / (to + at)).ln()
+}
+
 /// One rank's model (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankModel {
@@ -249,10 +255,9 @@ impl RankModel {
     /// Moves the levels to a new shape, `ρ` from `before`: what it makes of the same times at the
     /// sizes they were learned at, so that a new shape is not read as every rank changing speed.
     pub fn reshape(&mut self, before: f64, rho: f64) {
-        let d = |b: f64| ((before + b) / (rho + b)).ln();
-        self.base += d(self.base_size);
+        self.base += reshaped(before, rho, self.base_size);
         if let Some((l, b)) = self.lifted.as_mut() {
-            *l += d(*b);
+            *l += reshaped(before, rho, *b);
         }
     }
 
