@@ -38,6 +38,10 @@ pub struct SimulateArgs {
     /// shipped ones: `tune` (for developing) or `held-out` (for reporting only).
     #[arg(long, value_enum, conflicts_with_all = ["scenario", "suite"])]
     family: Option<Family>,
+    /// With --family: start at the family's K-th scenario, so that a later evaluation uses seeds
+    /// an earlier one never saw.
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "family")]
+    first_seed: usize,
     /// With --suite or --family: compare lbbsp with an earlier `--json` of the same runs (same
     /// seeds), paired by scenario, size and seed.
     #[arg(long, value_name = "FILE.json")]
@@ -180,7 +184,7 @@ fn suite(args: &SimulateArgs, cfg: &BalanceConfig) -> Result<()> {
     };
     if let Some(family) = args.family {
         for &ranks in &args.suite_ranks {
-            let results = (0..args.seeds)
+            let results = (args.first_seed..args.first_seed + args.seeds)
                 .into_par_iter()
                 .map(|k| {
                     let mut scenario = generate(family.seed(k), ranks);
