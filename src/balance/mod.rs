@@ -220,9 +220,6 @@ fn shrunk_rates(counts: impl Iterator<Item = (f64, f64)>) -> Vec<f64> {
 /// Steps of the rates' expectation–maximisation.
 const EM_STEPS: usize = 20;
 
-/// Iterations' worth of the ranks' median noise in each rank's own estimate of it.
-const NOISE_PRIOR: f64 = 16.0;
-
 /// Standard errors by which a candidate's mean gain over the draws must exceed zero to replace
 /// the best so far.
 const SIGNIFICANCE: f64 = 2.0;
@@ -232,8 +229,10 @@ const SIGNIFICANCE: f64 = 2.0;
 /// noise, and a split fitted to that difference loses what it expects to win).
 const MIN_GAIN: f64 = 0.005;
 
-/// How far a plan may move a rank's size in one iteration, as a factor either way.
-const TRUST: usize = 2;
+/// A hedge gives no rank less than this share of what the mean plan gives it: the mean plan is
+/// the model's equal-time split, and a rank kept below half of its equal-time share is starved
+/// (0.6 leaves a margin for the plan's error).
+const FLOOR: f64 = 0.6;
 
 /// Draws of the predictive distribution per decision, and the rank-draws a decision may take:
 /// above 2,048 ranks there are fewer draws (16 at the least), so that a step stays within a few
@@ -345,7 +344,7 @@ impl Balancer {
     /// differ by more than it keep their levels.
     fn levels(&self) -> (Vec<f64>, Vec<Option<f64>>) {
         let raw: Vec<f64> = self.ranks.iter().map(RankModel::base).collect();
-        let var: Vec<f64> = self.ranks.iter().map(RankModel::base_variance).collect();
+        let var: Vec<f64> = self.ranks.iter().map(|r| r.noise() * r.noise() * model::BASE_WEIGHT).collect();
         let bases = shrunk(&raw, &var);
         let lifted: Vec<(f64, f64)> =
             self.ranks.iter().filter_map(|r| Some((r.lift()?, r.noise() * r.noise() * model::LIFT_WEIGHT))).collect();
@@ -356,18 +355,10 @@ impl Balancer {
 
     /// Each rank's predictive law of its next log time per sample: two atoms (probability, level)
     /// of its regimes ([`model`]), an onset's level standing for any lift of the pooled ones; and
-    /// its noise's deviation, shrunk towards the ranks' median by [`NOISE_PRIOR`] iterations'
-    /// worth.
+    /// its noise's deviation.
     fn laws(&self) -> Vec<Law> {
         let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
         let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
-        let mut noises: Vec<f64> = self.ranks.iter().map(|r| r.noise() * r.noise()).collect();
-        let median = if noises.is_empty() {
-            0.0
-        } else {
-            let mid = noises.len() / 2;
-            *noises.select_nth_unstable_by(mid, f64::total_cmp).1
-        };
         let jumps = self.jumps();
         let (bases, lifts) = self.levels();
         bases
@@ -375,13 +366,11 @@ impl Balancer {
             .zip(&self.ranks)
             .enumerate()
             .map(|(i, (&base, r))| {
-                let c = r.counts();
-                let sigma = ((c[0] * r.noise() * r.noise() + NOISE_PRIOR * median) / (c[0] + NOISE_PRIOR)).sqrt();
                 let atoms = match lifts[i] {
                     Some(l) => [(1.0 - off[i], base + l), (off[i], base)],
                     None => [(1.0 - on[i], base), (on[i], base + jumps[i])],
                 };
-                (atoms, sigma)
+                (atoms, r.noise())
             })
             .collect()
     }
@@ -413,9 +402,8 @@ impl Balancer {
     /// Draws of every rank's next time per sample (`e^x`), [`draws_for`] rows of one per rank, from one
     /// stream keyed by the iteration in a fixed order (the same on every rank): a lifted rank's
     /// regime by its law; an onset by the common-shock model ([`shock_rate`]) with the shock's lift
-    /// drawn from the last shocks', around the rank's own; plus the base level's uncertainty and
-    /// the noise. Also returns the probability of some onset if onsets were independent.
-    fn draws(&self, laws: &[Law]) -> (Vec<f64>, Vec<f64>, f64) {
+    /// drawn from the last shocks', around the rank's own; plus the noise. Also returns the probability of some onset if onsets were independent.
+    fn draws(&self, laws: &[Law]) -> (Vec<f64>, f64) {
         let n = self.ranks.len();
         let median = self.median_onset();
         let at_risk: Vec<f64> =
@@ -425,25 +413,12 @@ impl Balancer {
         let independent = 1.0 - at_risk.iter().map(|p| 1.0 - p).product::<f64>();
         let clustering = ((self.shocks[1] + 1.0) / (self.shocks[0] + 1.0)).min(1.0);
         let shock = shock_rate(&at_risk, clustering * independent);
-        // The noise and the base level's own uncertainty, independent normals, as one.
-        let spread: Vec<f64> =
-            laws.iter().zip(&self.ranks).map(|((_, sigma), r)| (sigma * sigma + r.base_variance()).sqrt()).collect();
         let mut rng = Rng::from_keys(&[0xba1a, self.seen as u64]);
         let mut level = vec![0.0f64; n * draws_for(n)];
-        let (rho, shapes) = (self.shape.rho(), self.shape.weights());
-        let mut rhos = Vec::with_capacity(draws_for(n));
         for row in level.chunks_mut(n) {
-            // A shape by its weight; each rank's level moved to it at the size it was learned at.
-            let mut u = rng.next_f64();
-            let g = shapes.iter().find(|(_, w)| {
-                u -= w;
-                u < 0.0
-            });
-            let g = g.map_or(rho, |s| s.0);
-            rhos.push(g);
             let shocked = rng.next_f64() < shock;
             let jump = if self.onsets.is_empty() { 0.0 } else { self.onsets[rng.below(self.onsets.len())] - median };
-            for (i, ((atoms, _), r)) in laws.iter().zip(&self.ranks).enumerate() {
+            for (i, ((atoms, sigma), r)) in laws.iter().zip(&self.ranks).enumerate() {
                 let x = if r.lift().is_some() {
                     if rng.next_f64() < atoms[0].0 {
                         atoms[0].1
@@ -455,15 +430,15 @@ impl Balancer {
                 } else {
                     atoms[0].1
                 };
-                let reshaped = if g == rho { 0.0 } else { model::reshaped(rho, g, r.base_size()) };
-                row[i] = (x + reshaped + spread[i] * rng.normal() as f64).exp();
+                row[i] = (x + sigma * rng.normal() as f64).exp();
             }
         }
-        (level, rhos, independent)
+        (level, independent)
     }
 
     /// The candidate splits: the equal split, then [`equalize`]'s split of each rank's law planned
-    /// at its mean and at each common quantile of its regimes (with the noise's quantile added).
+    /// at its mean and at each common quantile of its regimes (with the noise's quantile added),
+    /// the quantile plans above [`FLOOR`] of the mean plan.
     /// The plans come from the laws themselves, not from the draws: a plan fitted to the draws it
     /// is judged on would win by their sampling noise.
     fn candidates(&self, laws: &[Law], rho: f64) -> Vec<Vec<usize>> {
@@ -477,26 +452,16 @@ impl Balancer {
                 plans[k + 1].push(line((x + sigma * z).exp()));
             }
         }
-        // A plan keeps each rank's size within a factor of [`TRUST`] of the sizes it was seen at
-        // lately: the model is learned near them, and a shape wrongly learned (a fixed part far
-        // too large makes a rank's time look the same at 1 sample and at all of them) would
-        // otherwise put the whole batch on one rank in one step. A rank seen at both of two
-        // sizes (one that alternates) moves between them at once.
-        let near: Vec<(usize, usize)> = self
-            .ranks
-            .iter()
-            .zip(&self.sizes)
-            .zip(&self.bounds)
-            .map(|((r, &b), &(lo, hi))| {
-                let (low, high) = r.seen();
-                let low = (low.min(b as f64) / TRUST as f64).floor() as usize;
-                let high = (high.max(b as f64) * TRUST as f64).ceil() as usize;
-                (lo.max(low).min(b), hi.min(high).max(b))
-            })
-            .collect();
         let mut candidates = vec![equal_split(self.global_batch, laws.len())];
-        for p in &plans {
-            let sizes = equalize(p, self.global_batch, &near);
+        let mean = equalize(&plans[0], self.global_batch, &self.bounds);
+        let floored: Vec<(usize, usize)> = self
+            .bounds
+            .iter()
+            .zip(&mean)
+            .map(|(&(lo, hi), &m)| (lo.max((FLOOR * m as f64).ceil() as usize).min(hi), hi))
+            .collect();
+        for (k, p) in plans.iter().enumerate() {
+            let sizes = if k == 0 { mean.clone() } else { equalize(p, self.global_batch, &floored) };
             if !candidates.contains(&sizes) {
                 candidates.push(sizes);
             }
@@ -513,14 +478,13 @@ impl Balancer {
     fn decide(&self) -> (Vec<usize>, f64) {
         let rho = self.shape.rho();
         let laws = self.laws();
-        let (level, rhos, independent) = self.draws(&laws);
+        let (level, independent) = self.draws(&laws);
 
         let mut candidates = self.candidates(&laws, rho);
         let slowest = |sizes: &[usize]| -> Vec<f64> {
             level
                 .chunks(sizes.len())
-                .zip(&rhos)
-                .map(|(row, g)| row.iter().zip(sizes).map(|(x, &b)| x * (g + b as f64)).fold(0.0, f64::max))
+                .map(|row| row.iter().zip(sizes).map(|(x, &b)| x * (rho + b as f64)).fold(0.0, f64::max))
                 .collect()
         };
         let mut best = (slowest(&candidates[0]), 0);

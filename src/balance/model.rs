@@ -34,16 +34,14 @@ const LIFT_DEVIATIONS: f64 = 3.0;
 const BASE_GAIN: f64 = 0.1;
 const LIFT_GAIN: f64 = 0.5;
 
-/// The variance of a lift's level over the noise's: exponential smoothing of gain `K` averages
-/// the noise down to `K/(2 − K)` of it.
+/// The variance of a lift's and the base's level over the noise's: exponential smoothing of gain
+/// `K` averages the noise down to `K/(2 − K)` of it.
 pub const LIFT_WEIGHT: f64 = LIFT_GAIN / (2.0 - LIFT_GAIN);
+pub const BASE_WEIGHT: f64 = BASE_GAIN / (2.0 - BASE_GAIN);
 
 /// Forgetting of the noise's variance and of the transition counts (about a hundred iterations).
 const NOISE_FORGETTING: f64 = 0.95;
 pub const COUNT_FORGETTING: f64 = 0.998;
-
-/// How fast the range of sizes a rank was seen at closes in on its latest size, per iteration.
-const SEEN_FORGETTING: f64 = 0.01;
 
 /// The noise's variance before any is measured: about ±3%.
 const PRIOR_NOISE: f64 = 1e-3;
@@ -106,18 +104,6 @@ impl Shape {
             chosen: 0,
             terms: 0.0,
         }
-    }
-
-    /// The values of `ρ` with their posterior weights, the errors taken as Gaussian:
-    /// `w_g ∝ exp(−(E_g − E_min)/(2·s²))`, `s²` the mean square of the best value's terms with a
-    /// prior (those at sizes that did not move measure the noise as well). The balancer averages
-    /// its predictions over them, so that a split that is good only at one value (all of the batch
-    /// on one rank, when `ρ` is barely known) is judged at the others too.
-    pub fn weights(&self) -> Vec<(f64, f64)> {
-        let (least, s2) = self.residual();
-        let w: Vec<f64> = self.errors.iter().map(|e| (-(e - least) / (2.0 * s2)).exp()).collect();
-        let total: f64 = w.iter().sum();
-        self.grid.iter().zip(&w).filter(|(_, &w)| w > 1e-6 * total).map(|(&g, &w)| (g, w / total)).collect()
     }
 
     /// The least error, and the variance of one term: the least error's mean square, with a
@@ -187,8 +173,6 @@ pub fn reshaped(from: f64, to: f64, at: f64) -> f64 {
 pub struct RankModel {
     started: bool,
     base: f64,
-    /// The base's variance over the noise's: 1 for one observation, `K/(2 − K)` for many.
-    base_weight: f64,
     /// Forgotten variance of the base iterations about the base level.
     noise: f64,
     /// The size the base was learned at (smoothed alike): a new shape moves the level by what it
@@ -198,8 +182,6 @@ pub struct RankModel {
     lifted: Option<(f64, f64)>,
     /// The mean lift of the rank's onsets.
     jump: f64,
-    /// The range of sizes the rank was seen at lately (it forgets 1% an iteration).
-    seen: (f64, f64),
     /// Forgotten counts: base iterations and onsets after them, lifted iterations and ends after
     /// them.
     counts: [f64; 4],
@@ -209,26 +191,9 @@ pub struct RankModel {
 pub type Onset = Option<f64>;
 
 impl RankModel {
-    /// The range of sizes the rank was seen at lately.
-    pub fn seen(&self) -> (f64, f64) {
-        self.seen
-    }
-
-    /// The size the base level was learned at.
-    pub fn base_size(&self) -> f64 {
-        self.base_size
-    }
-
     /// The base level `β_i`.
     pub fn base(&self) -> f64 {
         self.base
-    }
-
-    /// The variance of the base level's estimate: exponential smoothing of gain `K` averages the
-    /// noise `σ²` of its observations down to `σ²·w`, `w ← (1 − K)²·w + K²` from 1 for the first
-    /// (`K/(2 − K)` after many).
-    pub fn base_variance(&self) -> f64 {
-        self.noise * self.base_weight
     }
 
     /// The noise's deviation `σ_i`.
@@ -272,17 +237,14 @@ impl RankModel {
             *self = RankModel {
                 started: true,
                 base: x,
-                base_weight: 1.0,
                 noise: PRIOR_NOISE,
                 base_size: b,
                 lifted: None,
                 jump: 0.0,
-                seen: (b, b),
                 counts: [0.0; 4],
             };
             return None;
         }
-        self.seen = (b.min(self.seen.0 * (1.0 + SEEN_FORGETTING)), b.max(self.seen.1 * (1.0 - SEEN_FORGETTING)));
         let d = x - self.base;
         let lifted = d > MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt());
         self.counts.iter_mut().for_each(|c| *c *= COUNT_FORGETTING);
@@ -312,12 +274,10 @@ impl RankModel {
             if d < -2.0 * MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt()) {
                 self.base = x;
                 self.base_size = b;
-                self.base_weight = 1.0;
             } else {
                 self.noise = NOISE_FORGETTING * self.noise + (1.0 - NOISE_FORGETTING) * d * d;
                 self.base += BASE_GAIN * d;
                 self.base_size += BASE_GAIN * (b - self.base_size);
-                self.base_weight = (1.0 - BASE_GAIN).powi(2) * self.base_weight + BASE_GAIN * BASE_GAIN;
             }
         }
         onset
