@@ -1,22 +1,8 @@
-//! The LB-BSP balancer: one probabilistic model of every rank's next compute time, and one
-//! decision, the split of the global batch that minimises the expected slowest time.
-//!
-//! - **The model** ([`model`], `docs/balancer.md` gives the equations): rank `i` computes `b`
-//!   samples in `t_i = e^{x_i}·(ρ + b)` seconds. `ρ`, the cost curve's fixed part, is shared by
-//!   the ranks and chosen by one-step prediction error. `x_i` has two regimes, base and lifted
-//!   (a co-located job, a quota, a failing node), with transition rates counted per rank and
-//!   shrunk towards the ranks' pooled rates by empirical Bayes, as the levels and lifts are.
-//!   Onsets may come together: a common-shock model gives the share of iterations with some onset
-//!   what the ranks' history shows.
-//! - **The decision** ([`Balancer::observe`]): among candidate splits, the one with the smallest
-//!   expected slowest time `E[max_i t_i(b_i)]` under that distribution, as a sample average over
-//!   draws keyed by the iteration (so every rank draws the same). The candidates are the equal
-//!   split and [`equalize`]'s splits of the laws planned at their means or at a common quantile.
-//!   A candidate replaces the equal split only for a gain the draws tell from chance, so alike
-//!   ranks keep the equal split and a rank whose time may jump is hedged.
-//!
-//! Everything is a pure function of the gathered observations, so every rank computes the same
-//! split without a broadcast, and the state is part of a checkpoint.
+//! The LB-BSP balancer: one probabilistic model of every rank's next compute time ([`model`]),
+//! and one decision, the split of the global batch with the smallest expected slowest time under
+//! it ([`Balancer::observe`]). A pure function of the gathered observations, so every rank
+//! computes the same split without a broadcast; its state is part of a checkpoint. The equations
+//! and the evidence for each part: `docs/balancer.md`.
 
 pub mod model;
 pub mod split;
@@ -145,9 +131,8 @@ impl BalanceConfig {
     }
 }
 
-/// Estimates `x_i` measured with variances `v_i`, shrunk towards their mean by the share of their
-/// spread that those variances explain (the normal-means empirical Bayes estimate, the values as
-/// draws from one distribution). Two or fewer are kept as they are.
+/// Estimates `x_i` of variances `v_i` shrunk towards their mean by the share of their spread that
+/// the variances explain (normal-means empirical Bayes). Two or fewer are kept.
 fn shrunk(x: &[f64], v: &[f64]) -> Vec<f64> {
     let n = x.len() as f64;
     let mean = x.iter().sum::<f64>() / n;
@@ -157,13 +142,9 @@ fn shrunk(x: &[f64], v: &[f64]) -> Vec<f64> {
     x.iter().map(|&x| mean + keep * (x - mean)).collect()
 }
 
-/// The rate `q` of the shocks behind the ranks' onsets. Onsets may come together (jobs scheduled
-/// alike, one job across nodes), and then fewer iterations have any than the ranks' own rates `p_i`
-/// make when they are independent. The common-shock model: a shock comes with probability `q`, and
-/// in it each rank at risk begins a lift with probability `p_i/q` on its own, which keeps each
-/// rank's rate and makes some onset come in `q·(1 − Π(1 − p_i/q))` of the iterations. `q` is the
-/// value that makes this the share `some` that the ranks' history gives (by bisection; 1,
-/// independence, where that is as often as independent onsets come).
+/// The common-shock rate `q`: a shock comes with probability `q` and in it each rank at risk begins
+/// a lift with probability `p_i/q`, so that some onset comes in `q·(1 − Π(1 − p_i/q))` of the
+/// iterations; `q` makes that the share `some` seen (1, independence, where that is no rarer).
 fn shock_rate(p: &[f64], some: f64) -> f64 {
     let any = |q: f64| q * (1.0 - p.iter().map(|&p| 1.0 - (p / q).min(1.0)).product::<f64>());
     let lowest = p.iter().copied().fold(0.0, f64::max);
@@ -182,13 +163,9 @@ fn shock_rate(p: &[f64], some: f64) -> f64 {
     hi
 }
 
-/// Each rank's rate of a transition from its forgotten `(hits, of)` counts, by empirical Bayes
-/// with the ranks' rates drawn from two classes: jobs visit some ranks and not others, so most
-/// ranks of a cluster may have a rate near 0 and a few a high one, which no prior centred on the
-/// pooled rate describes (it gives thousands of quiet ranks a share of the few ranks' events).
-/// The classes' rates and sizes are fitted by expectation–maximisation of the Poisson likelihood
-/// `h ~ Poisson(r·of)`; a rank's rate is its posterior mean over the two. One class when the ranks
-/// are alike; Jeffreys' estimate for the pooled rate.
+/// Each rank's rate of a transition from its forgotten `(hits, of)` counts: its posterior mean
+/// under two classes of rates fitted by EM to `h ~ Poisson(r·of)` (jobs visit some ranks and not
+/// others), with Jeffreys' pooled rate as their prior.
 fn shrunk_rates(counts: impl Iterator<Item = (f64, f64)>) -> Vec<f64> {
     let counts: Vec<(f64, f64)> = counts.collect();
     let (hits, of) = counts.iter().fold((0.0, 0.0), |a, c| (a.0 + c.0, a.1 + c.1));
@@ -220,33 +197,23 @@ fn shrunk_rates(counts: impl Iterator<Item = (f64, f64)>) -> Vec<f64> {
 /// Steps of the rates' expectation–maximisation.
 const EM_STEPS: usize = 20;
 
-/// Standard errors by which a candidate's mean gain over the draws must exceed zero to replace
-/// the best so far.
+/// A candidate replaces the best only for a mean gain above this many standard errors and this
+/// share of the slowest time: alike ranks' levels differ by their noise, and a split fitted to
+/// that difference loses what it expects to win.
 const SIGNIFICANCE: f64 = 2.0;
-
-/// The smallest expected gain, relative to the expected slowest time, that moves the split: below
-/// it the gain is within the error of the levels behind it (alike ranks' levels differ by their
-/// noise, and a split fitted to that difference loses what it expects to win).
 const MIN_GAIN: f64 = 0.005;
 
-/// A hedge gives no rank less than this share of what the mean plan gives it: the mean plan is
-/// the model's equal-time split, and a rank kept below half of its equal-time share is starved
-/// (0.6 leaves a margin for the plan's error).
+/// A hedge gives no rank less than this share of the mean plan's size for it (the model's
+/// equal-time share; below half of that a rank is starved).
 const FLOOR: f64 = 0.6;
 
-/// Draws of the predictive distribution per decision, and the rank-draws a decision may take:
-/// above 2,048 ranks there are fewer draws (16 at the least), so that a step stays within a few
+/// Draws per decision: fewer above 2,048 ranks (16 at the least), so that a step takes a few
 /// milliseconds (the slowest of thousands of ranks varies less from draw to draw).
-const DRAWS: usize = 64;
-const RANK_DRAWS: usize = 64 * 2048;
-
-/// Draws for `n` ranks.
 fn draws_for(n: usize) -> usize {
-    (RANK_DRAWS / n.max(1)).clamp(16, DRAWS)
+    (64 * 2048 / n.max(1)).clamp(16, 64)
 }
 
-/// The common quantiles of the ranks' distributions that candidate splits plan at, with the
-/// standard normal's quantile at each.
+/// The common quantiles the hedges plan at, with the standard normal's quantile at each.
 const QUANTILES: [(f64, f64); 5] = [(0.5, 0.0), (0.75, 0.6745), (0.9, 1.2816), (0.97, 1.8808), (0.99, 2.3263)];
 
 /// The balancer of one run: bsp, proportional-epoch or lbbsp (see the module docs).
@@ -339,9 +306,8 @@ impl Balancer {
         self.laws().iter().map(|law| per_sample_line(mean_time(law), rho)).collect()
     }
 
-    /// Each rank's base level, and its current lift where it has one, shrunk by [`shrunk`]: alike
-    /// ranks then keep an equal split instead of following each level's noise, and ranks that
-    /// differ by more than it keep their levels.
+    /// Each rank's base level, and its current lift where it has one, shrunk by [`shrunk`] (alike
+    /// ranks keep an equal split instead of following each level's noise).
     fn levels(&self) -> (Vec<f64>, Vec<Option<f64>>) {
         let raw: Vec<f64> = self.ranks.iter().map(RankModel::base).collect();
         let var: Vec<f64> = self.ranks.iter().map(|r| r.noise() * r.noise() * model::BASE_WEIGHT).collect();
@@ -353,9 +319,7 @@ impl Balancer {
         (bases, self.ranks.iter().map(|r| r.lift().and_then(|_| lifts.next())).collect())
     }
 
-    /// Each rank's predictive law of its next log time per sample: two atoms (probability, level)
-    /// of its regimes ([`model`]), an onset's level standing for any lift of the pooled ones; and
-    /// its noise's deviation.
+    /// Each rank's predictive law of its next log time per sample (its regimes and noise).
     fn laws(&self) -> Vec<Law> {
         let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
         let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
@@ -375,8 +339,7 @@ impl Balancer {
             .collect()
     }
 
-    /// Each rank's lift at an onset: its own onsets' mean, shrunk by [`shrunk`] towards the
-    /// median of the last shocks' (ranks slowed by different jobs differ; alike ranks share one).
+    /// Each rank's lift at an onset: its own onsets' mean shrunk towards the last shocks' median.
     fn jumps(&self) -> Vec<f64> {
         let median = self.median_onset();
         let n = self.onsets.len().max(1) as f64;
@@ -399,17 +362,16 @@ impl Balancer {
         sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
     }
 
-    /// Draws of every rank's next time per sample (`e^x`), [`draws_for`] rows of one per rank, from one
-    /// stream keyed by the iteration in a fixed order (the same on every rank): a lifted rank's
-    /// regime by its law; an onset by the common-shock model ([`shock_rate`]) with the shock's lift
-    /// drawn from the last shocks', around the rank's own; plus the noise. Also returns the probability of some onset if onsets were independent.
+    /// [`draws_for`] rows of every rank's next time per sample `e^x`, from one stream keyed by the
+    /// iteration (the same on every rank): a lifted rank's regime by its law, an onset by the
+    /// common shock with a lift drawn from the last shocks', and the noise. Also returns the
+    /// probability of some onset were onsets independent.
     fn draws(&self, laws: &[Law]) -> (Vec<f64>, f64) {
         let n = self.ranks.len();
         let median = self.median_onset();
         let at_risk: Vec<f64> =
             laws.iter().zip(&self.ranks).filter(|(_, r)| r.lift().is_none()).map(|(l, _)| l.0[1].0).collect();
-        // Independent onsets would make some onset come in `1 − Π(1 − p_i)` of the iterations;
-        // the past iterations had `clustering` times what independence predicted for them.
+        // The past iterations had `clustering` times the onsets that independence predicted.
         let independent = 1.0 - at_risk.iter().map(|p| 1.0 - p).product::<f64>();
         let clustering = ((self.shocks[1] + 1.0) / (self.shocks[0] + 1.0)).min(1.0);
         let shock = shock_rate(&at_risk, clustering * independent);
@@ -420,11 +382,7 @@ impl Balancer {
             let jump = if self.onsets.is_empty() { 0.0 } else { self.onsets[rng.below(self.onsets.len())] - median };
             for (i, ((atoms, sigma), r)) in laws.iter().zip(&self.ranks).enumerate() {
                 let x = if r.lift().is_some() {
-                    if rng.next_f64() < atoms[0].0 {
-                        atoms[0].1
-                    } else {
-                        atoms[1].1
-                    }
+                    atoms[usize::from(rng.next_f64() >= atoms[0].0)].1
                 } else if shocked && rng.next_f64() * shock < atoms[1].0 {
                     atoms[1].1 + jump
                 } else {
@@ -436,11 +394,9 @@ impl Balancer {
         (level, independent)
     }
 
-    /// The candidate splits: the equal split, then [`equalize`]'s split of each rank's law planned
-    /// at its mean and at each common quantile of its regimes (with the noise's quantile added),
-    /// the quantile plans above [`FLOOR`] of the mean plan.
-    /// The plans come from the laws themselves, not from the draws: a plan fitted to the draws it
-    /// is judged on would win by their sampling noise.
+    /// The candidates: the equal split, then [`equalize`]'s split of the laws planned at their means
+    /// and at each common quantile (above [`FLOOR`] of the mean plan). From the laws, not the
+    /// draws: a plan fitted to the draws it is judged on would win by their sampling noise.
     fn candidates(&self, laws: &[Law], rho: f64) -> Vec<Vec<usize>> {
         let line = |x: f64| per_sample_line(x, rho);
         let mut plans: Vec<Vec<Line>> = vec![Vec::with_capacity(laws.len()); 1 + QUANTILES.len()];
@@ -469,17 +425,13 @@ impl Balancer {
         candidates
     }
 
-    /// The lbbsp decision (module docs): over the draws (the same for every candidate), a candidate
-    /// replaces the best so far (the equal split first, then the plans from the mean to the highest
-    /// quantile) only where its mean gain exceeds [`SIGNIFICANCE`] standard errors of that gain and
-    /// [`MIN_GAIN`]: a gain the draws cannot tell from chance is not taken, so the split stays
-    /// equal where nothing is clearly better, and a hedge must earn its place over the mean plan. Also
-    /// returns the probability of some onset if onsets were independent.
+    /// The decision: in order, a candidate replaces the best so far (the equal split first) only
+    /// for a gain over the same draws above [`SIGNIFICANCE`] standard errors and [`MIN_GAIN`].
+    /// Also returns the probability of some onset were onsets independent.
     fn decide(&self) -> (Vec<usize>, f64) {
         let rho = self.shape.rho();
         let laws = self.laws();
         let (level, independent) = self.draws(&laws);
-
         let mut candidates = self.candidates(&laws, rho);
         let slowest = |sizes: &[usize]| -> Vec<f64> {
             level

@@ -1,25 +1,15 @@
-//! The model of a rank: the predictive distribution of its next compute time as a function of its
-//! batch.
-//!
-//! A rank computes `b` samples in `t = e^{x}·(ρ + b)` seconds: `ρ` the cost curve's fixed part in
-//! samples' worth, shared by the ranks ([`Shape`]), and `x` the rank's log time per sample (its
-//! speed, whatever slows it: a co-located job, a quota, a slower node). `x` follows a two-regime
-//! model:
+//! The model of a rank: `b` samples take `t = e^{x}·(ρ + b)` seconds, `ρ` the cost curve's
+//! fixed part shared by the ranks ([`Shape`]) and `x` the rank's log time per sample, in two
+//! regimes:
 //!
 //! ```text
 //!     base:    x = β_i + ε,           lifted:  x = β_i + L + ε,        ε ~ N(0, σ_i²)
 //!     P(base → lifted) = p_on,i,       P(lifted → base) = p_off,i
 //! ```
 //!
-//! `β_i` is the rank's base level, an exponential smoothing of its base iterations (the
-//! steady-state Kalman filter of a slowly moving level), reset downwards when the rank gets
-//! faster by twice a lift; an iteration more than `max(10%, 3σ_i)` above it is lifted, and `L` is
-//! its lift (the rank's current one while it lasts, its onsets' mean at an onset). The transition
-//! counts are kept per rank with forgetting; the balancer shrinks the rates, levels and lifts
-//! towards the ranks' common ones by empirical Bayes. A job that stays (a hog, a fail-slow node)
-//! is a lift that does not end (`p_off → 0`); bursts end at their rate; a rank slowed every other
-//! iteration switches every iteration (`p_on = p_off = 1`); ranks sharing cores switch at random
-//! (`p = ½`), which the model predicts as no better than the equal split.
+//! `β_i` smooths the base iterations (a steady-state Kalman filter); an iteration more than
+//! `max(10%, 3σ_i)` above it is lifted. Transitions are counted with forgetting; the balancer
+//! pools the ranks' rates, levels and lifts by empirical Bayes (`docs/balancer.md`).
 
 use serde::{Deserialize, Serialize};
 
@@ -29,8 +19,7 @@ const MIN_LIFT: f64 = 0.0953;
 /// A lift is at least this many deviations of the base's noise.
 const LIFT_DEVIATIONS: f64 = 3.0;
 
-/// Gain of the base level's smoothing (about ten iterations), and of a lift's level while it
-/// lasts (the last iterations weigh most).
+/// Gains of the base level's smoothing (about ten iterations) and of a lift's while it lasts.
 const BASE_GAIN: f64 = 0.1;
 const LIFT_GAIN: f64 = 0.5;
 
@@ -46,8 +35,7 @@ pub const COUNT_FORGETTING: f64 = 0.998;
 /// The noise's variance before any is measured: about ±3%.
 const PRIOR_NOISE: f64 = 1e-3;
 
-/// Forgetting of the shape's errors, per iteration (about a thousand iterations): only iterations
-/// in which sizes moved tell anything about it, and they may be long ago.
+/// Forgetting of the shape's errors (only iterations in which sizes moved tell about it).
 const SHAPE_FORGETTING: f64 = 0.999;
 
 /// Gain of each candidate shape's level of a rank (as the base's).
@@ -59,20 +47,14 @@ const SHAPE_CLIP: f64 = 0.2;
 /// Terms' worth of prior for the variance of the shape's errors.
 const SHAPE_PRIOR_TERMS: f64 = 8.0;
 
-/// Ranks whose errors the shape is fitted on: every rank up to this many, else an even sample of
-/// them (the shape is shared, and a few hundred ranks tell it as well as ten thousand).
+/// Ranks the shared shape is fitted on: all up to this many, else an even sample.
 const SHAPE_RANKS: usize = 256;
 
-/// The cost curve's fixed part in samples' worth, `ρ = α/β`, shared by the ranks: they run the
-/// same model, and contention stretches fixed and per-sample costs alike. It is chosen from a
-/// geometric grid (0, and 1/64 of the equal share to 16 times it) by one-step prediction error:
-/// for each value `g`, each rank's level of `ln(c/(g + b))` on its CPU clock `c` is smoothed as
-/// the base is, and `g`'s score is the forgotten sum of the squared, clipped errors with which
-/// those levels predicted the next iteration. Only changes of size tell the values apart. A
-/// level smooths many iterations, so a size that the balancer moved because of one iteration's
-/// noise does not make that noise look like shape (pairs of consecutive iterations do: the rank
-/// that was slow by chance gets fewer samples and is faster next, by chance again, and `ρ`
-/// drifts to 0).
+/// The fixed part `ρ = α/β` in samples' worth, shared by the ranks, chosen from a geometric grid
+/// by one-step prediction error: for each value `g`, each rank's level of `ln(c/(g + b))` on its
+/// CPU clock `c` is smoothed as the base is, and `g` scores the forgotten squared, clipped errors
+/// with which the level before the last iteration predicted the next (a level that holds the last
+/// iteration's noise credits small values with the balancer's reaction to it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Shape {
     grid: Vec<f64>,
@@ -106,9 +88,8 @@ impl Shape {
         }
     }
 
-    /// The least error, and the variance of one term: the least error's mean square, with a
-    /// prior of [`SHAPE_PRIOR_TERMS`] terms of 10% (a handful of terms fitted by the best of 22
-    /// values would otherwise look exact).
+    /// The least error, and one term's variance: its mean square with a prior of
+    /// [`SHAPE_PRIOR_TERMS`] terms of 10% (a few terms fitted by the best of 22 values look exact).
     fn residual(&self) -> (f64, f64) {
         let least = self.errors.iter().copied().fold(f64::INFINITY, f64::min);
         (least, (least + SHAPE_PRIOR_TERMS * 0.01) / (self.terms + SHAPE_PRIOR_TERMS))
@@ -129,20 +110,14 @@ impl Shape {
                 continue;
             }
             let xs: Vec<f64> = self.grid.iter().map(|g| (cpu / (g + b)).ln()).collect();
-            // A change of speed that no value explains within the clip (a job came or went) starts
-            // the levels afresh: their slow catching up would read as shape, whichever way the
-            // balancer moved the size meanwhile.
+            // A change of speed that no value explains (a job came or went) starts the levels
+            // afresh: their catching up would read as shape.
             let unexplained = levels.iter().zip(&xs).all(|(l, x)| (x - l[1]).abs() > SHAPE_CLIP);
             if levels.is_empty() || unexplained {
-                // No level before this iteration: the next one is not predicted from a level that
-                // is this iteration alone, noise and all.
                 *levels = xs.iter().map(|&x| [x, x]).collect();
                 *lagged = false;
                 continue;
             }
-            // The level before the last iteration predicts: the balancer moved this iteration's
-            // size because of the last one's noise, and a level that holds that noise would credit
-            // the small values of `ρ` with its regression to the mean.
             for ((e, l), x) in self.errors.iter_mut().zip(levels.iter_mut()).zip(&xs) {
                 if *lagged {
                     *e += (x - l[0]) * (x - l[0]);
@@ -152,8 +127,7 @@ impl Shape {
             self.terms += f64::from(u8::from(*lagged));
             *lagged = true;
         }
-        // A value replaces the one in use only when clearly better: by a likelihood ratio of e²
-        // (sizes that never moved leave every value's error the same, and few moves tell little).
+        // A value replaces the one in use only for a likelihood ratio of e².
         let best = (0..self.grid.len()).min_by(|&a, &b| self.errors[a].total_cmp(&self.errors[b])).unwrap_or(0);
         let (_, s2) = self.residual();
         if (self.errors[self.chosen] - self.errors[best]) / (2.0 * s2) > 2.0 {
@@ -267,10 +241,8 @@ impl RankModel {
                 self.counts[3] += 1.0;
             }
             self.lifted = None;
-            // Faster than the base by twice what makes a lift: the base was too slow (a job that
-            // had been there from the start has left), so it moves there at once. Within that, it
-            // may be the noise's tail, which would leave the base low and every later iteration
-            // lifted.
+            // Faster than the base by twice what makes a lift: a job there from the start has
+            // left, and the base moves at once (within that, it may be the noise's tail).
             if d < -2.0 * MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt()) {
                 self.base = x;
                 self.base_size = b;
