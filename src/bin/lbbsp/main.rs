@@ -280,8 +280,13 @@ fn on_ranks(f: impl FnOnce(&mut Mpi) -> Result<()>) -> Result<()> {
     let result = f(&mut comm);
     if let Err(e) = &result {
         let collective = e.downcast_ref::<lbbsp::error::Error>().is_some_and(|e| e.is_collective());
-        if collective && comm.rank() != 0 {
-            // Every rank has the same verdict and rank 0 reports it: leave MPI in order, quietly.
+        if collective {
+            // Every rank has the same verdict and rank 0 reports it, before MPI_Finalize: the
+            // other ranks leave after it with status 1, and mpirun then ends the job, so a report
+            // written after MPI would race with that end and could be lost.
+            if comm.rank() == 0 {
+                eprintln!("error: {e:#}");
+            }
             drop(comm);
             std::process::exit(1);
         }
