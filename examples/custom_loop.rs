@@ -71,6 +71,7 @@ fn main() -> anyhow::Result<()> {
                 loss_sum,
                 interference_s: s.interference_s,
                 cpu_share: s.cpu_share,
+                preemptions: s.preemptions,
                 ..RankStats::default()
             };
 
@@ -85,7 +86,12 @@ fn main() -> anyhow::Result<()> {
             let obs: Vec<Observation> = sync
                 .stats
                 .iter()
-                .map(|s| Observation { batch: s.batch, compute_s: s.compute_s, cpu_share: s.cpu_share })
+                .map(|s| Observation {
+                    batch: s.batch,
+                    compute_s: s.compute_s,
+                    cpu_share: s.cpu_share,
+                    preemptions: s.preemptions,
+                })
                 .collect();
             balancer.observe(&obs);
             if rank == 0 && t == plan.iterations() - 1 {

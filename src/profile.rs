@@ -24,6 +24,18 @@ pub fn process_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
+/// Times this process's threads were descheduled while runnable (`ru_nivcsw`): each slice lost
+/// to another job or each freeze by a CPU quota counts once, so frozen seconds over this count are
+/// the length of one freeze.
+pub fn process_preemptions() -> f64 {
+    // SAFETY: getrusage writes one rusage into the valid pointer we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    ru.ru_nivcsw as f64
+}
+
 /// Cores this process may run on, from `/proc/self/status` (`Cpus_allowed_list`, e.g. `0-3,8`).
 pub fn allowed_cores() -> Vec<usize> {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -82,9 +94,10 @@ pub fn busy_s_from(stat: &str, cores: &[usize], ticks: f64) -> f64 {
 #[derive(Debug)]
 pub struct CpuSampler {
     cores: Vec<usize>,
-    /// Wall clock and own CPU time at the last sample (for the CPU share).
+    /// Wall clock, own CPU time and preemptions at the last sample (for the CPU share).
     wall: Instant,
     own: f64,
+    preempted: f64,
     /// Busy time of the cores, own CPU time and wall clock at the last read of `/proc/stat`.
     busy: f64,
     own_at_read: f64,
@@ -103,6 +116,8 @@ pub struct CpuSample {
     pub interference_s: f64,
     /// This process's CPU seconds divided by wall seconds.
     pub cpu_share: f64,
+    /// Times the process was descheduled while runnable ([`process_preemptions`]).
+    pub preemptions: f64,
 }
 
 impl CpuSampler {
@@ -113,6 +128,7 @@ impl CpuSampler {
             cores: allowed_cores(),
             wall: now,
             own: 0.0,
+            preempted: process_preemptions(),
             busy: 0.0,
             own_at_read: 0.0,
             read_at: now,
@@ -142,7 +158,7 @@ impl CpuSampler {
     /// Starts the CPU share's interval here, so that the next sample's share covers what follows
     /// only (the interference's interval goes on from its last read of `/proc/stat`).
     pub fn mark(&mut self) {
-        (self.own, self.wall) = (process_cpu_s(), Instant::now());
+        (self.own, self.wall, self.preempted) = (process_cpu_s(), Instant::now(), process_preemptions());
     }
 
     /// The sample since the previous call (or creation, or [`CpuSampler::mark`]), and starts a new one.
@@ -156,8 +172,13 @@ impl CpuSampler {
             interference_s = (busy - self.busy - (own - self.own_at_read)).max(0.0);
             (self.busy, self.own_at_read, self.read_at) = (busy, own, wall);
         }
-        let s = CpuSample { interference_s, cpu_share: if dt > 0.0 { (own - self.own) / dt } else { 0.0 } };
-        (self.own, self.wall) = (own, wall);
+        let preempted = process_preemptions();
+        let s = CpuSample {
+            interference_s,
+            cpu_share: if dt > 0.0 { (own - self.own) / dt } else { 0.0 },
+            preemptions: preempted - self.preempted,
+        };
+        (self.own, self.wall, self.preempted) = (own, wall, preempted);
         s
     }
 }

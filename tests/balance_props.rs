@@ -194,6 +194,7 @@ proptest! {
                     batch: b,
                     compute_s: lines[r].at(b),
                     cpu_share: if signal && r == 1 && it >= 30 { 1.0 / 3.0 } else { 1.0 },
+                    preemptions: 0.0,
                 })
                 .collect();
             bal.observe(&obs);

@@ -12,7 +12,7 @@ pub use split::{equalize, equalize_by, predicted_max, Cost, Line};
 use crate::data::rng::Rng;
 use crate::error::{Error, Result};
 use crate::shard::equal_split;
-use model::{RankModel, Shape};
+use model::{Freezes, RankModel, Shape};
 use serde::{Deserialize, Serialize};
 
 /// Which policy splits the batch (`balance.policy`).
@@ -47,12 +47,15 @@ pub struct Observation {
     pub compute_s: f64,
     /// The share of its cores' time the rank had while computing (1 when it has no measure).
     pub cpu_share: f64,
+    /// Times the rank was descheduled while computing (0 when it has no measure): its frozen
+    /// seconds over this are the length of one freeze.
+    pub preemptions: f64,
 }
 
 impl Observation {
     /// An observation without a CPU share measure.
     pub fn new(batch: usize, compute_s: f64) -> Observation {
-        Observation { batch, compute_s, cpu_share: 1.0 }
+        Observation { batch, compute_s, cpu_share: 1.0, preemptions: 0.0 }
     }
 }
 
@@ -224,6 +227,8 @@ pub struct Balancer {
     bounds: Vec<(usize, usize)>,
     sizes: Vec<usize>,
     ranks: Vec<RankModel>,
+    #[serde(default)]
+    freezes: Vec<Freezes>,
     shape: Shape,
     /// Observations seen, the warm-up's included.
     seen: usize,
@@ -249,6 +254,34 @@ fn mean_time((atoms, sigma): &Law) -> f64 {
     atoms.iter().map(|(p, x)| p * x.exp()).sum::<f64>() * (0.5 * sigma * sigma).exp()
 }
 
+/// One drawn iteration's seconds: every rank's time `x·(ρ + b)`; at a rank that freezes in windows
+/// (`L > 0`), its CPU part `a` of it runs from the drawn phase `u` of its windows and every window
+/// met adds `L`; then the collective waits for every such rank to be running (it busy-polls while
+/// it waits, so a quota or a hog freezes it there as well).
+fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[(f64, f64)]) -> f64 {
+    let mut end = 0.0f64;
+    for (((x, &b), &(length, a)), &u) in row.iter().zip(sizes).zip(windows).zip(phases) {
+        let t = x * (rho + b as f64);
+        end = end.max(if length > 0.0 && a < 1.0 {
+            let c = t * a;
+            c + length * (u + (t - c) / length).floor()
+        } else {
+            t
+        });
+    }
+    let mut stall = 0.0f64;
+    for (&(length, a), &u) in windows.iter().zip(phases) {
+        if length > 0.0 && a < 1.0 {
+            let running = length * a / (1.0 - a);
+            let at = (u * running + end) % (running + length);
+            if at >= running {
+                stall = stall.max(running + length - at);
+            }
+        }
+    }
+    end + stall
+}
+
 /// The line of `x` seconds per sample with the shared fixed part `ρ`.
 fn per_sample_line(x: f64, rho: f64) -> Line {
     Line { alpha: x * rho, beta: x }
@@ -268,6 +301,7 @@ impl Balancer {
             bounds,
             sizes: equal_split(global_batch, world),
             ranks: vec![RankModel::default(); world],
+            freezes: vec![Freezes::default(); world],
             shape: Shape::new(global_batch, world),
             seen: 0,
             epoch_totals: vec![(0.0, 0.0); world],
@@ -366,7 +400,7 @@ impl Balancer {
     /// iteration (the same on every rank): a lifted rank's regime by its law, an onset by the
     /// common shock with a lift drawn from the last shocks', and the noise. Also returns the
     /// probability of some onset were onsets independent.
-    fn draws(&self, laws: &[Law]) -> (Vec<f64>, f64) {
+    fn draws(&self, laws: &[Law], windows: &[(f64, f64)]) -> (Vec<f64>, Vec<f64>, f64) {
         let n = self.ranks.len();
         let median = self.median_onset();
         let at_risk: Vec<f64> =
@@ -377,7 +411,8 @@ impl Balancer {
         let shock = shock_rate(&at_risk, clustering * independent);
         let mut rng = Rng::from_keys(&[0xba1a, self.seen as u64]);
         let mut level = vec![0.0f64; n * draws_for(n)];
-        for row in level.chunks_mut(n) {
+        let mut phase = vec![0.0f64; level.len()];
+        for (row, phases) in level.chunks_mut(n).zip(phase.chunks_mut(n)) {
             let shocked = rng.next_f64() < shock;
             let jump = if self.onsets.is_empty() { 0.0 } else { self.onsets[rng.below(self.onsets.len())] - median };
             for (i, ((atoms, sigma), r)) in laws.iter().zip(&self.ranks).enumerate() {
@@ -389,9 +424,12 @@ impl Balancer {
                     atoms[0].1
                 };
                 row[i] = (x + sigma * rng.normal() as f64).exp();
+                if windows[i].0 > 0.0 {
+                    phases[i] = rng.next_f64();
+                }
             }
         }
-        (level, independent)
+        (level, phase, independent)
     }
 
     /// The candidates: the equal split, then [`equalize`]'s split of the laws planned at their means
@@ -431,12 +469,15 @@ impl Balancer {
     fn decide(&self) -> (Vec<usize>, f64) {
         let rho = self.shape.rho();
         let laws = self.laws();
-        let (level, independent) = self.draws(&laws);
+        let windows: Vec<(f64, f64)> = self.freezes.iter().map(Freezes::windows).collect();
+        let (level, phase, independent) = self.draws(&laws, &windows);
         let mut candidates = self.candidates(&laws, rho);
         let slowest = |sizes: &[usize]| -> Vec<f64> {
+            let n = sizes.len();
             level
-                .chunks(sizes.len())
-                .map(|row| row.iter().zip(sizes).map(|(x, &b)| x * (rho + b as f64)).fold(0.0, f64::max))
+                .chunks(n)
+                .zip(phase.chunks(n))
+                .map(|(row, phases)| iteration(row, phases, sizes, rho, &windows))
                 .collect()
         };
         let mut best = (slowest(&candidates[0]), 0);
@@ -489,8 +530,18 @@ impl Policy for Balancer {
                 }
                 self.shocks[0] = model::COUNT_FORGETTING * self.shocks[0] + self.independent;
                 self.shocks[1] *= model::COUNT_FORGETTING;
-                let mut jumps: Vec<f64> =
-                    self.ranks.iter_mut().zip(obs).filter_map(|(r, o)| r.observe(o.batch, o.compute_s, rho)).collect();
+                // A checkpoint from before freezes were measured has none.
+                self.freezes.resize(self.ranks.len(), Freezes::default());
+                for (f, o) in self.freezes.iter_mut().zip(obs) {
+                    f.observe(o.compute_s, o.cpu_share, o.preemptions);
+                }
+                let mut jumps: Vec<f64> = self
+                    .ranks
+                    .iter_mut()
+                    .zip(obs)
+                    .zip(&self.freezes)
+                    .filter_map(|((r, o), f)| r.observe(o.batch, f.smoothed(o.compute_s, o.cpu_share), rho))
+                    .collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.
                 if !jumps.is_empty() {
@@ -592,7 +643,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, &b)| {
                     let f = if i == 0 && k % 2 == 0 { 4.0 } else { 1.0 };
-                    Observation { batch: b, compute_s: f * 1e-5 * b as f64, cpu_share: 1.0 / f }
+                    Observation { batch: b, compute_s: f * 1e-5 * b as f64, cpu_share: 1.0 / f, preemptions: 0.0 }
                 })
                 .collect();
             bal.observe(&obs);
@@ -603,5 +654,59 @@ mod tests {
             let slow_next = k % 2 == 1;
             assert!(if slow_next { b <= 48 } else { b >= 120 }, "iteration {}: {b} ({history:?})", k + 1);
         }
+    }
+
+    /// Two ranks, rank 1 under a CPU quota of `run` in every `period` seconds, busy-polling in the
+    /// collective as MPI does: every rank's (size, wall seconds of compute) and the iteration's
+    /// end on a shared clock. Returns rank 1's sizes.
+    fn under_quota(run: f64, period: f64, global: usize, iterations: usize) -> Vec<usize> {
+        let mut bal = lbbsp(global, 2);
+        let running = |x: f64| x % period < run;
+        let (mut clock, mut sizes) = (0.0f64, Vec::new());
+        let tick = 1e-5;
+        for _ in 0..iterations {
+            let [b0, b1] = [bal.sizes()[0], bal.sizes()[1]];
+            let cpu = |b: usize| 1e-4 + 1e-5 * b as f64;
+            // Rank 1 runs only in its windows; count its freezes.
+            let (mut t, mut done, mut freezes, mut was) = (clock, 0.0, 0.0, true);
+            while done < cpu(b1) {
+                let on = running(t);
+                freezes += f64::from(u8::from(was && !on));
+                was = on;
+                done += if on { tick } else { 0.0 };
+                t += tick;
+            }
+            let wall1 = t - clock;
+            let mut end = clock + wall1.max(cpu(b0));
+            while !running(end) {
+                end += tick;
+            }
+            let obs = [
+                Observation::new(b0, cpu(b0)),
+                Observation { batch: b1, compute_s: wall1, cpu_share: cpu(b1) / wall1, preemptions: freezes },
+            ];
+            clock = end + 1e-4;
+            bal.observe(&obs);
+            sizes.push(bal.sizes()[1]);
+        }
+        sizes
+    }
+
+    /// A freeze far longer than an iteration (a 100 ms quota period at 1 ms iterations) lands in
+    /// the collective whatever the split: the split stays equal, and the rank never starves.
+    #[test]
+    fn a_rank_frozen_in_long_windows_keeps_its_share() {
+        let sizes = under_quota(0.05, 0.1, 128, 600);
+        let equal = sizes[50..].iter().filter(|&&b| b.abs_diff(64) <= 4).count();
+        assert!(equal * 10 >= 9 * 550 && sizes[50..].iter().all(|&b| b >= 32), "{equal} of 550: {sizes:?}");
+    }
+
+    /// Freezes far shorter than an iteration (a 2 ms quota period at 20 ms iterations) make the rank
+    /// half as fast: it gets about a third of the batch.
+    #[test]
+    fn a_rank_frozen_in_short_windows_gets_its_equal_time_share() {
+        let sizes = under_quota(0.001, 0.002, 2048, 60);
+        let b = sizes[59];
+        assert!((600..=760).contains(&b), "{sizes:?}");
     }
 }

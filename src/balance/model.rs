@@ -136,6 +136,62 @@ impl Shape {
     }
 }
 
+/// Forgetting of a rank's freeze length (about twenty iterations) and of its running share (about
+/// a hundred: several periods of a quota).
+const FREEZE_FORGETTING: f64 = 0.95;
+const RUN_FORGETTING: f64 = 0.99;
+
+/// How a rank is frozen, from its frozen seconds `f = t·(1 − share)` and its preemptions `N`: the
+/// length `L` of one freeze (`f/N`, averaged over frozen seconds) and the share `a` of wall time it
+/// runs. A rank that busy-polls in the collective is frozen on the wall clock whatever its batch:
+/// in windows of `L` every `L·a/(1 − a)` of running. No preemptions counted (no measure, or a
+/// slowdown that is not a freeze): `L = 0`, and the model is the multiplicative one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Freezes {
+    /// Forgotten sums of `f²/N` and `f`.
+    frozen: [f64; 2],
+    /// Forgotten sums of CPU and wall seconds.
+    run: [f64; 2],
+}
+
+impl Freezes {
+    /// Learns an iteration of `t` wall seconds at a CPU share `share`, preempted `n` times.
+    pub fn observe(&mut self, t: f64, share: f64, n: f64) {
+        if !(t > 0.0 && t.is_finite() && share.is_finite()) {
+            return;
+        }
+        let c = t * share.clamp(1e-3, 1.0);
+        let f = t - c;
+        self.run = [RUN_FORGETTING * self.run[0] + c, RUN_FORGETTING * self.run[1] + t];
+        self.frozen.iter_mut().for_each(|s| *s *= FREEZE_FORGETTING);
+        if n >= 1.0 && f > 0.0 {
+            self.frozen[0] += f * f / n;
+            self.frozen[1] += f;
+        }
+    }
+
+    /// `(L, a)`: one freeze's length (0 before any) and the running share.
+    pub fn windows(&self) -> (f64, f64) {
+        let length = if self.frozen[1] > 0.0 { self.frozen[0] / self.frozen[1] } else { 0.0 };
+        (length, if self.run[1] > 0.0 { (self.run[0] / self.run[1]).clamp(1e-3, 1.0) } else { 1.0 })
+    }
+
+    /// The time to learn of an iteration of `t` seconds at `share`: its CPU seconds `c` plus its
+    /// frozen seconds, these replaced by their expectation `c·(1/a − 1)` by the weight `L/(L + c)`
+    /// of one freeze against the work. A freeze as long as the iteration is one draw of the windows'
+    /// phase, not a speed: read as one, a 50 ms freeze of a 1 ms iteration would shrink the rank's
+    /// batch for the next ones, which it cannot make faster.
+    pub fn smoothed(&self, t: f64, share: f64) -> f64 {
+        let (length, a) = self.windows();
+        let c = t * share.clamp(1e-3, 1.0);
+        if length <= 0.0 || !c.is_finite() || c <= 0.0 {
+            return t;
+        }
+        let k = length / (length + c);
+        (1.0 - k) * t + k * c / a
+    }
+}
+
 /// What moving the shape from `ρ = from` to `to` does to a level learned at size `at`: the same
 /// time there, `e^x·(from + at) = e^{x'}·(to + at)`.
 pub fn reshaped(from: f64, to: f64, at: f64) -> f64 {
@@ -283,6 +339,27 @@ mod tests {
             m.observe(100, if k < 20 { 0.02 } else { 0.01 }, 0.0);
         }
         assert!((m.base() - (1e-4f64).ln()).abs() < 1e-9 && m.lift().is_none(), "{}", m.base());
+    }
+
+    #[test]
+    fn a_freeze_longer_than_the_work_is_learned_as_its_share_and_a_short_one_as_it_is() {
+        // 1 ms of CPU an iteration. Coarse: a 50 ms freeze once in 40 iterations (a 100 ms quota
+        // period's). Fine: 10 freezes of 1 ms in each 20 ms iteration (a 2 ms period's).
+        let (mut coarse, mut fine) = (Freezes::default(), Freezes::default());
+        let mut learned = Vec::new();
+        for k in 0..400 {
+            let (t, share, n) = if k % 40 == 39 { (0.051, 0.001 / 0.051, 1.0) } else { (0.001, 1.0, 0.0) };
+            coarse.observe(t, share, n);
+            learned.push(coarse.smoothed(t, share));
+            fine.observe(0.02, 0.5, 10.0);
+        }
+        let (length, a) = coarse.windows();
+        assert!((length - 0.05).abs() < 1e-9 && (a - 40.0 / 90.0).abs() < 0.05, "{length} {a}");
+        let (lo, hi) = learned[100..].iter().fold((f64::MAX, 0.0f64), |(l, h), &t| (l.min(t), h.max(t)));
+        // Raw, 1 to 51 ms; learned, within 2× (the share moves over the quota's cycle).
+        assert!(hi / lo < 2.2 && lo > 0.0015, "{lo} {hi}");
+        assert!((fine.windows().0 - 0.001).abs() < 1e-9);
+        assert!((fine.smoothed(0.02, 0.5) - 0.02).abs() < 1e-12 && (fine.smoothed(0.03, 0.4) - 0.03).abs() < 2e-3);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct RankStats {
     pub interference_s: f64,
     /// This process's CPU time over the iteration's wall time.
     pub cpu_share: f64,
+    /// Times this process was descheduled while computing (see [`crate::profile::process_preemptions`]).
+    pub preemptions: f64,
     /// This rank's [`SyncTime`] of its previous iteration. It is known only once that iteration's
     /// collective has ended, so it rides on the next one: the metrics' wait and transfer columns
     /// trail by one iteration instead of costing a collective of their own.
@@ -45,7 +47,7 @@ pub struct RankStats {
 }
 
 /// 64-bit words in a [`RankStats`].
-const WORDS: usize = 7;
+const WORDS: usize = 8;
 /// f32 slots a 64-bit word travels in: 22 + 21 + 21 bits.
 const SLOTS_PER_WORD: usize = 3;
 /// f32 slots of one rank's stats in the synchronised buffer.
@@ -60,6 +62,7 @@ impl RankStats {
             self.loss_sum.to_bits(),
             self.interference_s.to_bits(),
             self.cpu_share.to_bits(),
+            self.preemptions.to_bits(),
             self.prev_sync.wait_s.to_bits(),
             self.prev_sync.comm_s.to_bits(),
         ]
@@ -85,7 +88,8 @@ impl RankStats {
             loss_sum: f64::from_bits(w[2]),
             interference_s: f64::from_bits(w[3]),
             cpu_share: f64::from_bits(w[4]),
-            prev_sync: SyncTime { wait_s: f64::from_bits(w[5]), comm_s: f64::from_bits(w[6]) },
+            preemptions: f64::from_bits(w[5]),
+            prev_sync: SyncTime { wait_s: f64::from_bits(w[6]), comm_s: f64::from_bits(w[7]) },
         }
     }
 }
@@ -260,6 +264,7 @@ mod tests {
             loss_sum: std::f64::consts::PI * (rank as f64 + 1.0) * 1e5 + 1.0 / 3.0,
             interference_s: if rank == 1 { -0.0 } else { 1e-300 },
             cpu_share: f64::MAX / (rank as f64 + 1.0),
+            preemptions: 3.0 * rank as f64,
             prev_sync: SyncTime { wait_s: 1e-3 * rank as f64, comm_s: f64::MIN_POSITIVE },
         }
     }
@@ -290,6 +295,7 @@ mod tests {
                     (s.loss_sum, want.loss_sum),
                     (s.interference_s, want.interference_s),
                     (s.cpu_share, want.cpu_share),
+                    (s.preemptions, want.preemptions),
                     (s.prev_sync.wait_s, want.prev_sync.wait_s),
                     (s.prev_sync.comm_s, want.prev_sync.comm_s),
                 ] {

@@ -148,6 +148,8 @@ struct Track {
     /// slice-granular process).
     compute: Vec<f64>,
     stretch: Vec<f64>,
+    /// Each rank's freezes in its compute (0 but under a slice-granular process).
+    freezes: Vec<f64>,
     /// The wall clock at the start of the iteration: slice-granular processes act on it.
     clock: f64,
     idle: f64,
@@ -236,21 +238,32 @@ pub fn simulate(
                 &share_of_time
             };
             let slowest = tr.compute(&it, share_of_time);
+            let collective = collective_s(&slices, tr.clock + slowest, comm_s);
             tr.reversals.record(&tr.sizes);
-            tr.times.push(slowest + comm_s);
-            tr.clock += slowest + comm_s;
+            tr.times.push(slowest + collective);
+            tr.clock += slowest + collective;
             tr.observe(&mut obs, &share, (t + 1) % scenario.epoch_iters == 0);
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
-                r.iter_s = slowest + comm_s;
-                r.comm_s = vec![comm_s; n];
+                r.iter_s = slowest + collective;
+                r.comm_s = vec![collective; n];
                 r.cpu_share = cpu_share.iter().zip(&tr.stretch).map(|(s, x)| s / x).collect();
+                r.preemptions.clone_from(&tr.freezes);
                 rec(tr.policy, r);
             }
         }
         before.clone_from(&lines);
     }
     Ok(summarise(scenario, n, big_b, comm_s, &tracks, &changed))
+}
+
+/// The allreduce's wall seconds from clock `start`: `comm_s`, or longer where a rank under slices
+/// is frozen. Every rank takes part in it, and a waiting rank spends its CPU (it busy-polls), so a
+/// quota or a hog freezes it as readily there as in its compute: a split that lets the rank finish
+/// before its freeze only moves the freeze into the collective.
+fn collective_s(slices: &[Option<Slices>], start: f64, comm_s: f64) -> f64 {
+    let cpu = comm_s.max(1e-6);
+    slices.iter().flatten().map(|s| s.wall(start, cpu)).fold(comm_s, f64::max)
 }
 
 /// Each rank's cost at a policy's clock.
@@ -420,6 +433,7 @@ impl Track {
             times: Vec::with_capacity(iterations),
             compute: vec![0.0; n],
             stretch: vec![1.0; n],
+            freezes: vec![0.0; n],
             clock: 0.0,
             idle: 0.0,
             span: 0.0,
@@ -463,6 +477,7 @@ impl Track {
         for (i, &share) in equal_time.iter().enumerate() {
             let cpu = it.lines[i].at(self.sizes[i]) * it.noise[i];
             self.compute[i] = it.slices[i].map_or(cpu, |s| s.wall(self.clock, cpu));
+            self.freezes[i] = it.slices[i].map_or(0.0, |s| s.freezes(self.clock, self.compute[i]));
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
             slowest = slowest.max(self.compute[i]);
             let starved = (self.sizes[i] as f64) < 0.5 * share as f64;
@@ -483,6 +498,7 @@ impl Track {
                     batch: self.sizes[i],
                     compute_s: self.compute[i],
                     cpu_share: share[i] / self.stretch[i],
+                    preemptions: self.freezes[i],
                 };
             }
             bal.observe(obs);

@@ -275,6 +275,14 @@ impl Slices {
         (k * self.period_s + (v - k * self.run_s) - self.phase_s - start).max(cpu)
     }
 
+    /// How many times the rank is frozen in `wall` seconds from clock `start` (the trainer's
+    /// preemption count): the off-windows that begin inside, and the one it starts in.
+    pub fn freezes(&self, start: f64, wall: f64) -> f64 {
+        let off_starts = |x: f64| ((x + self.phase_s - self.run_s) / self.period_s).floor();
+        let inside = (off_starts(start + wall) - off_starts(start)).max(0.0);
+        inside + f64::from(u8::from(!self.running(start)))
+    }
+
     /// CPU seconds the rank may have within `wall` seconds from clock `start`.
     pub fn cpu_within(&self, start: f64, wall: f64) -> f64 {
         (self.available(start + wall) - self.available(start)).max(0.0)
@@ -718,7 +726,7 @@ impl Cluster {
 
 /// The scenarios shipped in `scenarios/`, embedded so that `lbbsp simulate steady-hog` works from
 /// any folder.
-pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes", "oversubscribed", "oversubscribed-lasting", "alternating", "alternating-measured");
+pub const SHIPPED: &[(&str, &str)] = shipped!("scenarios": "quiet", "heterogeneous", "steady-hog", "square-wave", "bursty", "co-located", "fail-slow", "spikes", "oversubscribed", "oversubscribed-lasting", "alternating", "alternating-measured", "quota-long", "quota-short", "hog-short");
 
 /// A scenario file, or the name of a shipped one.
 pub fn resolve(name_or_path: &str) -> Result<Scenario> {

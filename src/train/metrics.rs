@@ -38,6 +38,9 @@ pub struct IterRecord {
     pub interference_s: Vec<f64>,
     /// Per rank: this process's CPU time over the iteration's wall time (1.0 = one full core).
     pub cpu_share: Vec<f64>,
+    /// Per rank: times the process was descheduled while computing (absent in older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preemptions: Vec<f64>,
     /// Wall seconds of the iteration on rank 0.
     pub iter_s: f64,
     /// `global_batch / iter_s`.
@@ -291,6 +294,7 @@ impl IterRecord {
             comm_s: vec![0.0; n],
             interference_s: vec![0.0; n],
             cpu_share: vec![1.0; n],
+            preemptions: Vec::new(),
             iter_s: slowest,
             samples_per_s: if slowest > 0.0 { global_batch as f64 / slowest } else { 0.0 },
         }

@@ -176,6 +176,7 @@ impl<'a> Run<'a> {
             loss_sum: local.loss_sum,
             interference_s: cpu.interference_s,
             cpu_share: cpu.cpu_share,
+            preemptions: cpu.preemptions,
             prev_sync: self.last_sync,
         };
 
@@ -191,6 +192,7 @@ impl<'a> Run<'a> {
             batch: s.batch,
             compute_s: s.compute_s,
             cpu_share: s.cpu_share / threads,
+            preemptions: s.preemptions,
         }));
         self.balancer.observe(&self.obs);
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
@@ -256,6 +258,7 @@ impl<'a> Run<'a> {
             comm_s: Vec::new(),
             interference_s: stats.iter().map(|s| s.interference_s).collect(),
             cpu_share: stats.iter().map(|s| s.cpu_share).collect(),
+            preemptions: stats.iter().map(|s| s.preemptions).collect(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
         }

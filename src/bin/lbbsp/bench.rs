@@ -194,6 +194,7 @@ mod tests {
             comm_s: vec![0.0],
             interference_s: vec![0.0],
             cpu_share: vec![1.0],
+            preemptions: Vec::new(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
         }
