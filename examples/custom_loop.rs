@@ -91,6 +91,7 @@ fn main() -> anyhow::Result<()> {
                     compute_s: s.compute_s,
                     cpu_share: s.cpu_share,
                     preemptions: s.preemptions,
+                    run_share: s.prev_run_share,
                 })
                 .collect();
             balancer.observe(&obs);

@@ -14,6 +14,7 @@ fn main() -> anyhow::Result<()> {
                 compute_s: r.compute_s[k],
                 cpu_share: r.cpu_share.get(k).copied().unwrap_or(1.0),
                 preemptions: r.preemptions.get(k).copied().unwrap_or(0.0),
+                run_share: r.run_share.get(k).copied().unwrap_or(0.0),
             })
             .collect();
         bal.observe(&obs);

@@ -50,12 +50,15 @@ pub struct Observation {
     /// Times the rank was descheduled while computing (0 when it has no measure): its frozen
     /// seconds over this are the length of one freeze.
     pub preemptions: f64,
+    /// The share of wall time the rank ran in its previous iteration, compute and collective (0
+    /// when it has no measure).
+    pub run_share: f64,
 }
 
 impl Observation {
     /// An observation without a CPU share measure.
     pub fn new(batch: usize, compute_s: f64) -> Observation {
-        Observation { batch, compute_s, cpu_share: 1.0, preemptions: 0.0 }
+        Observation { batch, compute_s, cpu_share: 1.0, preemptions: 0.0, run_share: 0.0 }
     }
 }
 
@@ -533,7 +536,7 @@ impl Policy for Balancer {
                 // A checkpoint from before freezes were measured has none.
                 self.freezes.resize(self.ranks.len(), Freezes::default());
                 for (f, o) in self.freezes.iter_mut().zip(obs) {
-                    f.observe(o.compute_s, o.cpu_share, o.preemptions);
+                    f.observe(o.compute_s, o.cpu_share, o.preemptions, o.run_share);
                 }
                 let mut jumps: Vec<f64> = self
                     .ranks
@@ -643,7 +646,13 @@ mod tests {
                 .enumerate()
                 .map(|(i, &b)| {
                     let f = if i == 0 && k % 2 == 0 { 4.0 } else { 1.0 };
-                    Observation { batch: b, compute_s: f * 1e-5 * b as f64, cpu_share: 1.0 / f, preemptions: 0.0 }
+                    Observation {
+                        batch: b,
+                        compute_s: f * 1e-5 * b as f64,
+                        cpu_share: 1.0 / f,
+                        preemptions: 0.0,
+                        run_share: 0.0,
+                    }
                 })
                 .collect();
             bal.observe(&obs);
@@ -662,7 +671,7 @@ mod tests {
     fn under_quota(run: f64, period: f64, global: usize, iterations: usize) -> Vec<usize> {
         let mut bal = lbbsp(global, 2);
         let running = |x: f64| x % period < run;
-        let (mut clock, mut sizes) = (0.0f64, Vec::new());
+        let (mut clock, mut sizes, mut whole) = (0.0f64, Vec::new(), 0.0);
         let tick = 1e-5;
         for _ in 0..iterations {
             let [b0, b1] = [bal.sizes()[0], bal.sizes()[1]];
@@ -681,11 +690,21 @@ mod tests {
             while !running(end) {
                 end += tick;
             }
+            end += 1e-4;
             let obs = [
                 Observation::new(b0, cpu(b0)),
-                Observation { batch: b1, compute_s: wall1, cpu_share: cpu(b1) / wall1, preemptions: freezes },
+                Observation {
+                    batch: b1,
+                    compute_s: wall1,
+                    cpu_share: cpu(b1) / wall1,
+                    preemptions: freezes,
+                    run_share: whole,
+                },
             ];
-            clock = end + 1e-4;
+            // The share over this iteration, which the next one reports.
+            let steps = ((end - clock) / tick) as usize;
+            whole = (0..steps).filter(|k| running(clock + *k as f64 * tick)).count() as f64 / steps as f64;
+            clock = end;
             bal.observe(&obs);
             sizes.push(bal.sizes()[1]);
         }

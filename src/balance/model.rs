@@ -150,19 +150,24 @@ const RUN_FORGETTING: f64 = 0.99;
 pub struct Freezes {
     /// Forgotten sums of `f²/N` and `f`.
     frozen: [f64; 2],
-    /// Forgotten sums of CPU and wall seconds.
+    /// Forgotten sums of the running share's terms and weights: the share over whole iterations
+    /// where measured, else CPU over wall seconds of the compute. A rank that busy-polls is frozen
+    /// in its wait as in its compute, so only the whole iteration tells its share: over the compute
+    /// alone, a rank whose small batch meets its freeze every time would look ever slower.
     run: [f64; 2],
 }
 
 impl Freezes {
-    /// Learns an iteration of `t` wall seconds at a CPU share `share`, preempted `n` times.
-    pub fn observe(&mut self, t: f64, share: f64, n: f64) {
+    /// Learns an iteration of `t` wall seconds at a CPU share `share`, preempted `n` times, and the
+    /// share `whole` over the whole iteration before (0 without a measure).
+    pub fn observe(&mut self, t: f64, share: f64, n: f64, whole: f64) {
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
             return;
         }
         let c = t * share.clamp(1e-3, 1.0);
         let f = t - c;
-        self.run = [RUN_FORGETTING * self.run[0] + c, RUN_FORGETTING * self.run[1] + t];
+        let (term, weight) = if whole > 0.0 && whole.is_finite() { (whole.min(1.0), 1.0) } else { (c, t) };
+        self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
         self.frozen.iter_mut().for_each(|s| *s *= FREEZE_FORGETTING);
         if n >= 1.0 && f > 0.0 {
             self.frozen[0] += f * f / n;
@@ -349,9 +354,9 @@ mod tests {
         let mut learned = Vec::new();
         for k in 0..400 {
             let (t, share, n) = if k % 40 == 39 { (0.051, 0.001 / 0.051, 1.0) } else { (0.001, 1.0, 0.0) };
-            coarse.observe(t, share, n);
+            coarse.observe(t, share, n, 0.0);
             learned.push(coarse.smoothed(t, share));
-            fine.observe(0.02, 0.5, 10.0);
+            fine.observe(0.02, 0.5, 10.0, 0.0);
         }
         let (length, a) = coarse.windows();
         assert!((length - 0.05).abs() < 1e-9 && (a - 40.0 / 90.0).abs() < 0.05, "{length} {a}");

@@ -148,8 +148,10 @@ struct Track {
     /// slice-granular process).
     compute: Vec<f64>,
     stretch: Vec<f64>,
-    /// Each rank's freezes in its compute (0 but under a slice-granular process).
+    /// Each rank's freezes in its compute (0 but under a slice-granular process), and its CPU
+    /// share over the whole iteration before (0, no measure, but under one).
     freezes: Vec<f64>,
+    run_share: Vec<f64>,
     /// The wall clock at the start of the iteration: slice-granular processes act on it.
     clock: f64,
     idle: f64,
@@ -241,8 +243,12 @@ pub fn simulate(
             let collective = collective_s(&slices, tr.clock + slowest, comm_s);
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + collective);
-            tr.clock += slowest + collective;
+            let took = slowest + collective;
+            let whole: Vec<f64> =
+                slices.iter().map(|s| s.map_or(0.0, |s| s.cpu_within(tr.clock, took) / took)).collect();
+            tr.clock += took;
             tr.observe(&mut obs, &share, (t + 1) % scenario.epoch_iters == 0);
+            tr.run_share = whole;
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + collective;
@@ -434,6 +440,7 @@ impl Track {
             compute: vec![0.0; n],
             stretch: vec![1.0; n],
             freezes: vec![0.0; n],
+            run_share: vec![0.0; n],
             clock: 0.0,
             idle: 0.0,
             span: 0.0,
@@ -499,6 +506,7 @@ impl Track {
                     compute_s: self.compute[i],
                     cpu_share: share[i] / self.stretch[i],
                     preemptions: self.freezes[i],
+                    run_share: self.run_share[i],
                 };
             }
             bal.observe(obs);

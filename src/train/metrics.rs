@@ -41,6 +41,10 @@ pub struct IterRecord {
     /// Per rank: times the process was descheduled while computing (absent in older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preemptions: Vec<f64>,
+    /// Per rank: the CPU share over the whole previous iteration, compute and collective (absent in
+    /// older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_share: Vec<f64>,
     /// Wall seconds of the iteration on rank 0.
     pub iter_s: f64,
     /// `global_batch / iter_s`.
@@ -295,6 +299,7 @@ impl IterRecord {
             interference_s: vec![0.0; n],
             cpu_share: vec![1.0; n],
             preemptions: Vec::new(),
+            run_share: Vec::new(),
             iter_s: slowest,
             samples_per_s: if slowest > 0.0 { global_batch as f64 / slowest } else { 0.0 },
         }

@@ -80,6 +80,8 @@ pub struct Run<'a> {
     obs: Vec<Observation>,
     /// This rank's wait and transfer in its last collective: they travel with the next one.
     last_sync: SyncTime,
+    /// This process's CPU share over its last iteration, compute and collective.
+    last_run_share: f64,
     pub progress: Progress,
     /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
     iters_per_epoch: usize,
@@ -132,6 +134,7 @@ impl<'a> Run<'a> {
             replay,
             obs: Vec::with_capacity(world),
             last_sync: SyncTime::default(),
+            last_run_share: 0.0,
             progress,
             iters_per_epoch,
             planned,
@@ -162,7 +165,7 @@ impl<'a> Run<'a> {
         // Compute: this rank's gradient *sum* over its slice, weighted by 1/B, so that the sum over
         // ranks is the mean over the global batch whatever the split.
         self.sampler.mark();
-        let t0 = Instant::now();
+        let (t0, cpu0) = (Instant::now(), crate::profile::process_cpu_s());
         let (x, y, ids) = self.model.input_mut(slice.len());
         self.data.train.gather_into(slice, x, y);
         ids.copy_from_slice(slice);
@@ -177,12 +180,14 @@ impl<'a> Run<'a> {
             interference_s: cpu.interference_s,
             cpu_share: cpu.cpu_share,
             preemptions: cpu.preemptions,
+            prev_run_share: self.last_run_share,
             prev_sync: self.last_sync,
         };
 
         self.comm.note(iter, Phase::Sync);
         let took = self.distributed_step(&mine, lr); // ---- the distributed step ----
         self.last_sync = took;
+        self.last_run_share = (crate::profile::process_cpu_s() - cpu0) / t0.elapsed().as_secs_f64().max(1e-9);
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
@@ -193,6 +198,7 @@ impl<'a> Run<'a> {
             compute_s: s.compute_s,
             cpu_share: s.cpu_share / threads,
             preemptions: s.preemptions,
+            run_share: s.prev_run_share / threads,
         }));
         self.balancer.observe(&self.obs);
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
@@ -259,6 +265,7 @@ impl<'a> Run<'a> {
             interference_s: stats.iter().map(|s| s.interference_s).collect(),
             cpu_share: stats.iter().map(|s| s.cpu_share).collect(),
             preemptions: stats.iter().map(|s| s.preemptions).collect(),
+            run_share: stats.iter().map(|s| s.prev_run_share).collect(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
         }
