@@ -14,11 +14,12 @@ conditions). What the scenario takes from the runs, per condition:
   deviation, scaled to a standard deviation, so that the host's hiccups do not count as noise);
 - `comm.fixed_s`: the median of `iter_s − max_i compute_i`;
 - the interference, from the condition's definition: a `quota` of 1 ms in 2 ms or 50 ms in 100 ms
-  on rank 1; a `hog` on rank 1 whose slice is the one (of a grid) at which the simulated bsp
-  iteration matches the real bsp runs' median of hog-128, the one condition kept for fitting; the
-  bursty job as a two-state chain on rank 1 at the hog's slowdown, switching at the rate its 0.1-0.55 s
-  phases make at the bsp runs' iteration time.
-The ratio predicted is never fitted: only the hog's slice is, on bsp's own iteration time.
+  on rank 1; a `hog` on rank 1 whose slice is the length of one freeze measured in hog-128's bsp
+  runs (rank 1's frozen seconds over its preemptions, weighted by frozen seconds); in runs recorded
+  before preemptions were, the slice (of a grid) at which the simulated bsp iteration matches the
+  real bsp runs' median of hog-128; the bursty job as a two-state chain on rank 1 at the hog's
+  slowdown, switching at the rate its 0.1-0.55 s phases make at the bsp runs' iteration time.
+The ratio predicted is never fitted.
 """
 import json
 import os
@@ -115,7 +116,17 @@ def main():
     measured = {name: measure(c) for name, c in conds.items()}
     hog = 'kind = "hog"\nranks = [1]\nslice_s = {}\n'
     slice_s = None
-    if "hog-128" in conds:
+    frozen = [0.0, 0.0]
+    for policy, path in conds.get("hog-128", {"runs": []})["runs"]:
+        for r in records(path)[WARMUP:] if policy == "bsp" else []:
+            f = r["compute_s"][1] * (1.0 - min(1.0, r["cpu_share"][1]))
+            n = (r.get("preemptions") or [0.0, 0.0])[1]
+            if n >= 1 and f > 0:
+                frozen = [frozen[0] + f * f / n, frozen[1] + f]
+    if frozen[1] > 0:
+        slice_s = frozen[0] / frozen[1]
+        print(f"hog slice measured in hog-128's bsp runs (frozen seconds per preemption): {1e3 * slice_s:.2f} ms")
+    elif "hog-128" in conds:
         m = measured["hog-128"]
         grid = [0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 8e-3, 12e-3]
         fits = []
