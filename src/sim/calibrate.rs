@@ -54,6 +54,9 @@ pub struct Calibration {
     /// Per rank and iteration, the slowdowns over `line` and the CPU shares reported (what a
     /// `trace` of the file replays; written out by `--inline`).
     pub slowdowns: (PerRank, PerRank),
+    /// Per rank, by iteration: its preemptions and its share over whole iterations (empty where the
+    /// run did not record them).
+    pub freezes: [PerRank; 2],
 }
 
 /// The compute line of a run's uncontended rank-iterations (see the module docs), the number of
@@ -151,6 +154,7 @@ pub fn calibrate(path: &Path) -> Result<Calibration> {
         fitted_on,
         uncontended,
         slowdowns: slowdowns(&records, &line),
+        freezes: super::scenario::freezes(&records),
     })
 }
 
@@ -167,7 +171,13 @@ impl Calibration {
                 v.into_iter().map(|r| r.into_iter().map(|x| (x * 1e4).round() / 1e4).collect()).collect()
             };
             let (factors, shares) = self.slowdowns.clone();
-            Interference::Series { factors: round(factors), shares: round(shares) }
+            let [preemptions, run_shares] = self.freezes.clone();
+            Interference::Series {
+                factors: round(factors),
+                shares: round(shares),
+                preemptions,
+                run_shares: round(run_shares),
+            }
         } else {
             Interference::Trace { path: self.path.clone() }
         };
@@ -298,6 +308,35 @@ mod tests {
             let simulated = r.get(SimPolicy::Bsp).unwrap().mean_iter_s;
             assert!((simulated / measured - 1.0).abs() < within, "inline {inline}: {simulated} vs {measured}");
         }
+    }
+
+    /// An lbbsp run under a quota of short windows (the simulator's, recorded as the trainer
+    /// records one: preemptions and whole-iteration shares included), replayed through its
+    /// calibrated scenario: the replayed balancer sees what the recorded one saw and takes the same
+    /// splits.
+    #[test]
+    fn a_replayed_run_under_freezes_takes_the_recorded_splits() {
+        let scenario = crate::sim::scenario::resolve("quota-short").unwrap();
+        let cfg = BalanceConfig { policy: crate::balance::PolicyKind::Lbbsp, ..Default::default() };
+        let mut recorded = Vec::new();
+        let mut keep = |p: SimPolicy, r: IterRecord| {
+            if p == SimPolicy::Lbbsp {
+                recorded.push(r);
+            }
+        };
+        simulate(&Scenario { iterations: 300, ..scenario }, 2, &cfg, Some(&mut keep)).unwrap();
+        assert!(recorded.iter().any(|r| r.preemptions.iter().any(|&n| n > 0.0)));
+        let path = write("frozen.jsonl", &recorded);
+        let replay = calibrate(&path).unwrap().scenario(false);
+        let mut replayed = Vec::new();
+        let mut keep = |p: SimPolicy, r: IterRecord| {
+            if p == SimPolicy::Lbbsp {
+                replayed.push(r.batch_sizes);
+            }
+        };
+        simulate(&replay, 2, &cfg, Some(&mut keep)).unwrap();
+        let same = recorded.iter().zip(&replayed).filter(|(a, b)| a.batch_sizes == **b).count();
+        assert!(same >= 295, "{same} of 300 splits as recorded");
     }
 
     #[test]

@@ -247,14 +247,25 @@ pub fn simulate(
             let whole: Vec<f64> =
                 slices.iter().map(|s| s.map_or(0.0, |s| s.cpu_within(tr.clock, took) / took)).collect();
             tr.clock += took;
-            tr.observe(&mut obs, &share, (t + 1) % scenario.epoch_iters == 0);
+            // What each rank reports of its freezes: its slices', or a measured run's.
+            let seen: Vec<[f64; 2]> = (0..n)
+                .map(|i| {
+                    let m = cluster.measured[i];
+                    [
+                        if tr.freezes[i] > 0.0 { tr.freezes[i] } else { m[0] },
+                        if tr.run_share[i] > 0.0 { tr.run_share[i] } else { m[1] },
+                    ]
+                })
+                .collect();
+            tr.observe(&mut obs, &share, &seen, (t + 1) % scenario.epoch_iters == 0);
             tr.run_share = whole;
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + collective;
                 r.comm_s = vec![collective; n];
                 r.cpu_share = cpu_share.iter().zip(&tr.stretch).map(|(s, x)| s / x).collect();
-                r.preemptions.clone_from(&tr.freezes);
+                r.preemptions = seen.iter().map(|s| s[0]).collect();
+                r.run_share = seen.iter().map(|s| s[1]).collect();
                 rec(tr.policy, r);
             }
         }
@@ -498,15 +509,15 @@ impl Track {
 
     /// A balancing policy observes the iteration (and the end of an epoch): each rank's wall
     /// time, and the CPU share it had (what the processes left it, less the frozen time).
-    fn observe(&mut self, obs: &mut [Observation], share: &[f64], epoch_end: bool) {
+    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 2]], epoch_end: bool) {
         if let Some(bal) = self.balancer.as_mut() {
             for (i, o) in obs.iter_mut().enumerate() {
                 *o = Observation {
                     batch: self.sizes[i],
                     compute_s: self.compute[i],
                     cpu_share: share[i] / self.stretch[i],
-                    preemptions: self.freezes[i],
-                    run_share: self.run_share[i],
+                    preemptions: seen[i][0],
+                    run_share: seen[i][1],
                 };
             }
             bal.observe(obs);

@@ -225,6 +225,12 @@ pub enum Interference {
         factors: PerRank,
         #[serde(default)]
         shares: PerRank,
+        /// Per rank of the run, its preemptions and its share over whole iterations, as recorded
+        /// (absent: none recorded).
+        #[serde(default)]
+        preemptions: PerRank,
+        #[serde(default)]
+        run_shares: PerRank,
     },
     /// A CPU quota, as a container's limit makes one (the cgroup `cpu` controller): the rank runs
     /// at most `quota_s` of every `period_s` seconds of wall time and is frozen for the rest of the
@@ -332,6 +338,9 @@ pub struct Cluster {
     pub factor: Vec<f64>,
     /// The part of `f_i` the ranks' CPU shares do not show.
     hidden: Vec<f64>,
+    /// Each rank's preemptions and share over the whole iteration where a measured run recorded
+    /// them (0, no measure, elsewhere).
+    pub measured: Vec<[f64; 2]>,
     /// Each rank's slice-granular process, if any: it acts on wall-clock seconds, so the
     /// simulator applies it per policy, at that policy's own clock.
     pub slices: Vec<Option<Slices>>,
@@ -361,10 +370,12 @@ enum Process {
     },
     /// A slice-granular process: nothing per iteration (see [`Cluster::slices`]).
     Sliced,
-    /// Per rank and iteration: the recorded slowdown, and the CPU share the rank reported.
+    /// Per rank and iteration: the recorded slowdown, the CPU share the rank reported, and its
+    /// preemptions and share over the whole iteration (empty where the run did not record them).
     Trace {
         factors: Vec<Vec<f64>>,
         shares: Vec<Vec<f64>>,
+        freezes: [PerRank; 2],
     },
 }
 
@@ -444,11 +455,16 @@ impl Interference {
                     Err("rate in [0, 1], mean_iters ≥ 1 and 1 ≤ factor_low ≤ factor_high".into())
                 }
             }
-            Interference::Series { factors, shares } => {
+            Interference::Series { factors, shares, preemptions, run_shares } => {
                 let ranks_ok = |v: &PerRank| v.iter().all(|r| !r.is_empty());
-                if factors.is_empty() || !ranks_ok(factors) || !ranks_ok(shares) {
-                    Err("factors needs at least one rank, and every rank of factors and shares at least one iteration"
+                if factors.is_empty() || ![shares, preemptions, run_shares, factors].into_iter().all(ranks_ok) {
+                    Err("factors needs at least one rank, and every rank of factors, shares, preemptions and \
+                         run_shares at least one iteration"
                         .into())
+                } else if let Some(x) = preemptions.iter().flatten().find(|x| !(**x >= 0.0 && x.is_finite())) {
+                    Err(format!("preemptions must be counts of 0 or more, got {x}"))
+                } else if let Some(x) = run_shares.iter().flatten().find(|x| !(**x >= 0.0 && **x <= 1.0)) {
+                    Err(format!("run_shares must be CPU shares in [0, 1] (0: not measured), got {x}"))
                 } else if let Some(f) = factors.iter().flatten().find(|f| !(**f > 0.0 && f.is_finite())) {
                     Err(format!("factors must be positive slowdowns, got {f}"))
                 } else if let Some(x) = shares.iter().flatten().find(|x| !(**x > 0.0 && **x <= 1.0)) {
@@ -477,12 +493,27 @@ pub(crate) type PerRank = Vec<Vec<f64>>;
 
 /// The slowdowns and CPU shares of a measured run's file ([`slowdowns`] against its own
 /// [`trace_line`](super::calibrate::trace_line)).
-fn trace_factors(path: &Path) -> Result<(PerRank, PerRank)> {
+fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 2])> {
     let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
     if records.first().is_none_or(|r| r.batch_sizes.is_empty()) {
         return Err(Error::data(path, "holds no iterations: record one with `lbbsp train --metrics FILE`"));
     }
-    Ok(slowdowns(&records, &super::calibrate::trace_line(&records)))
+    let (factors, shares) = slowdowns(&records, &super::calibrate::trace_line(&records));
+    Ok((factors, shares, freezes(&records)))
+}
+
+/// Per rank of a measured run, by iteration: its preemptions and its share over whole iterations
+/// (each empty where the run did not record them).
+pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 2] {
+    let world = records.first().map_or(0, |r| r.batch_sizes.len());
+    let column = |get: &dyn Fn(&IterRecord) -> &Vec<f64>, most: f64| -> PerRank {
+        if records.iter().any(|r| get(r).len() != world) {
+            return Vec::new();
+        }
+        (0..world).map(|k| records.iter().map(|r| get(r)[k].clamp(0.0, most)).collect()).collect()
+    };
+    // Shares as the CPU shares are replayed: of one core, at most 1.
+    [column(&|r| &r.preemptions, f64::MAX), column(&|r| &r.run_share, 1.0)]
 }
 
 /// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over `line` (the
@@ -545,12 +576,13 @@ impl Process {
                 }
             }
             Interference::Trace { path } => {
-                let (factors, shares) = trace_factors(path)?;
-                Process::Trace { factors, shares }
+                let (factors, shares, freezes) = trace_factors(path)?;
+                Process::Trace { factors, shares, freezes }
             }
-            Interference::Series { factors, shares } => Process::Trace {
+            Interference::Series { factors, shares, preemptions, run_shares } => Process::Trace {
                 factors: factors.clone(),
                 shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
+                freezes: [preemptions.clone(), run_shares.clone()],
             },
             Interference::Quota { on, quota_s, period_s } => {
                 sliced(slices, on, (*quota_s, *period_s), (seed, k));
@@ -598,15 +630,25 @@ impl Cluster {
             let process = Process::of(p, &mut slices, (seed, processes.len()))?;
             processes.push(process);
         }
-        Ok(Cluster { seed, speeds, processes, visible, factor: vec![1.0; n], hidden: vec![1.0; n], slices })
+        Ok(Cluster {
+            seed,
+            speeds,
+            processes,
+            visible,
+            factor: vec![1.0; n],
+            hidden: vec![1.0; n],
+            measured: vec![[0.0; 2]; n],
+            slices,
+        })
     }
 
     /// Advances every process to iteration `t` and sets [`Cluster::factor`].
     pub fn step(&mut self, t: usize) {
         self.factor.iter_mut().for_each(|f| *f = 1.0);
         self.hidden.iter_mut().for_each(|f| *f = 1.0);
+        self.measured.iter_mut().for_each(|m| *m = [0.0; 2]);
         let n = self.factor.len();
-        let (factors, hidden) = (&mut self.factor, &mut self.hidden);
+        let (factors, hidden, measured) = (&mut self.factor, &mut self.hidden, &mut self.measured);
         for (k, p) in self.processes.iter_mut().enumerate() {
             let key = |r: usize| Rng::from_keys(&[self.seed, k as u64, r as u64, t as u64]);
             let visible = self.visible[k];
@@ -650,12 +692,18 @@ impl Cluster {
                 }
                 Process::Sliced => {}
                 // A recorded run shows the CPU share its ranks reported, as the trainer's balancer saw it.
-                Process::Trace { factors: series, shares } => {
+                Process::Trace { factors: series, shares, freezes } => {
                     for r in 0..n {
                         let (f, s) = (&series[r % series.len()], &shares[r % shares.len()]);
                         let (f, s) = (f[t % f.len()], s[t % s.len()]);
                         factors[r] *= f;
                         hidden[r] *= f * s;
+                        for (m, column) in measured[r].iter_mut().zip(freezes.iter()) {
+                            if let Some(x) = column.get(r % column.len().max(1)).and_then(|x| x.get(t % x.len().max(1)))
+                            {
+                                *m = *x;
+                            }
+                        }
                     }
                 }
             }
