@@ -244,19 +244,9 @@ pub fn simulate(
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + collective);
             let took = slowest + collective;
-            let whole: Vec<f64> =
-                slices.iter().map(|s| s.map_or(0.0, |s| s.cpu_within(tr.clock, took) / took)).collect();
+            let whole = run_shares(&slices, tr.clock, took);
             tr.clock += took;
-            // What each rank reports of its freezes: its slices', or a measured run's.
-            let seen: Vec<[f64; 2]> = (0..n)
-                .map(|i| {
-                    let m = cluster.measured[i];
-                    [
-                        if tr.freezes[i] > 0.0 { tr.freezes[i] } else { m[0] },
-                        if tr.run_share[i] > 0.0 { tr.run_share[i] } else { m[1] },
-                    ]
-                })
-                .collect();
+            let seen = tr.reported(&cluster.measured);
             tr.observe(&mut obs, &share, &seen, (t + 1) % scenario.epoch_iters == 0);
             tr.run_share = whole;
             if let Some(rec) = record.as_mut() {
@@ -272,6 +262,12 @@ pub fn simulate(
         before.clone_from(&lines);
     }
     Ok(summarise(scenario, n, big_b, comm_s, &tracks, &changed))
+}
+
+/// Each rank's CPU share over an iteration of `took` seconds from clock `start`: of its windows
+/// under slices, else 0 (no measure).
+fn run_shares(slices: &[Option<Slices>], start: f64, took: f64) -> Vec<f64> {
+    slices.iter().map(|s| s.map_or(0.0, |s| s.cpu_within(start, took) / took)).collect()
 }
 
 /// The allreduce's wall seconds from clock `start`: `comm_s`, or longer where a rank under slices
@@ -505,6 +501,13 @@ impl Track {
         self.idle += self.compute.iter().map(|c| slowest - c).sum::<f64>();
         self.span += slowest * it.lines.len() as f64;
         slowest
+    }
+
+    /// What each rank reports of its freezes, its preemptions and its share over the iteration
+    /// before: its slices', else a measured run's.
+    fn reported(&self, measured: &[[f64; 2]]) -> Vec<[f64; 2]> {
+        let pick = |own: f64, run: f64| if own > 0.0 { own } else { run };
+        measured.iter().enumerate().map(|(i, m)| [pick(self.freezes[i], m[0]), pick(self.run_share[i], m[1])]).collect()
     }
 
     /// A balancing policy observes the iteration (and the end of an epoch): each rank's wall
