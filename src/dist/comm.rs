@@ -13,6 +13,11 @@ pub trait Communicator {
     fn world_size(&self) -> usize;
     /// Ranks sharing this node (used to size the per-rank thread pool).
     fn local_size(&self) -> usize;
+    /// Whether this rank has its process to itself, so that the process's CPU clock and
+    /// preemption count are its own (thread ranks share theirs).
+    fn owns_process(&self) -> bool {
+        true
+    }
     /// What this rank is doing, for its flight record: a [`Watched`](crate::dist::watchdog::Watched)
     /// communicator keeps it and names it when a collective hangs; others ignore it.
     fn note(&self, _iter: usize, _phase: Phase) {}
@@ -203,6 +208,9 @@ impl Communicator for Local {
     }
     fn local_size(&self) -> usize {
         self.shared.size
+    }
+    fn owns_process(&self) -> bool {
+        self.shared.size == 1
     }
     fn barrier(&self) {
         self.shared.barrier.wait();

@@ -413,6 +413,9 @@ impl Communicator for Watched<'_> {
     fn local_size(&self) -> usize {
         self.inner.local_size()
     }
+    fn owns_process(&self) -> bool {
+        self.inner.owns_process()
+    }
     fn note(&self, iter: usize, phase: Phase) {
         self.record.word(ITER).store(iter as u64, Ordering::Relaxed);
         self.record.word(PHASE).store(phase as u64, Ordering::Relaxed);

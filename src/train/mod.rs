@@ -179,8 +179,9 @@ impl<'a> Run<'a> {
             loss_sum: local.loss_sum,
             interference_s: cpu.interference_s,
             cpu_share: cpu.cpu_share,
-            preemptions: cpu.preemptions,
-            prev_run_share: self.last_run_share,
+            // Thread ranks share one process's counters: no measure of their own.
+            preemptions: if self.comm.owns_process() { cpu.preemptions } else { 0.0 },
+            prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
             prev_sync: self.last_sync,
         };
 
