@@ -26,7 +26,11 @@
 #   CONDITIONS=quota2ms-128 PAIRS=3 ITERS_SMALL=300 scripts/bench_interference.sh
 # Environment: OUT (the folder, runs/bench-interference), CONDITIONS (names above, default all),
 # PAIRS (10), SEED (1), ITERS_SMALL
-# (iterations at B < 1024, 1500), ITERS_LARGE (at B >= 1024, 300), BUILD=0 to skip the cargo build.
+# (iterations at B < 1024, 1500), ITERS_LARGE (at B >= 1024, 300), BUILD=0 to skip the cargo build,
+# STATIC (rank 1's shares of B, e.g. "0.2 0.25 0.33", default none): in each pair, after its A/B and
+# A/A blocks, one run per share that holds that split all run long (bsp with `balance.replay`), and
+# paired.py prints each one's ratio to the pair's bsp run: the best split held in hindsight, which a
+# balancer that found and kept it would match.
 set -euo pipefail
 # mpirun's entry for each rank of a quota condition: rank 1 writes its own PID into the group
 # and exec keeps that PID, so the group holds rank 1's process (and the threads it starts) and
@@ -45,6 +49,11 @@ pairs="${PAIRS:-10}"; seed="${SEED:-1}"
 iters_small="${ITERS_SMALL:-1500}"; iters_large="${ITERS_LARGE:-300}"
 for c in $conditions; do
   case " $all " in *" $c "*) ;; *) echo "unknown condition '$c' (known: $all)" >&2; exit 2 ;; esac
+done
+for share in ${STATIC:-}; do
+  if ! python3 -c 'import sys; x = float(sys.argv[1]); sys.exit(not 0 < x < 1)' "$share" 2>/dev/null; then
+    echo "STATIC: '$share' is not a share of the batch strictly between 0 and 1 (e.g. STATIC=\"0.25 0.33\")" >&2; exit 2
+  fi
 done
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
 echo "isa: $(grep -o 'avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
@@ -135,17 +144,18 @@ PY
 printf 'condition\tbatch\tkind\tpair\tposition\tlabel\tpolicy\tfile\tnr_periods\tnr_throttled\tthrottled_us\n' >"$out/runs.tsv"
 : >"$out/skipped.tsv"
 run_one() {  # run_one CONDITION BATCH KIND PAIR POSITION LABEL
-  local cond=$1 batch=$2 kind=$3 k=$4 pos=$5 label=$6 policy=bsp name iters p0 n0 t0 p1 n1 t1
+  local cond=$1 batch=$2 kind=$3 k=$4 pos=$5 label=$6 policy=bsp name iters p0 n0 t0 p1 n1 t1 held=()
   [ "$label" = lbbsp ] && policy=lbbsp
   name="$cond-p$(printf %02d "$k")-$kind-$label"
   iters=$iters_small; [ "$batch" -ge 1024 ] && iters=$iters_large
+  if [ "$kind" = st ]; then held=(--set "balance.replay=$out/$cond-$label.replay.jsonl"); fi
   local entry=()
   [ "$quota_us" -gt 0 ] && entry=(bash "$self" --rank-entry "$cg_dir/cgroup.procs")
   read -r p0 n0 t0 <<<"$(cg_stat)"
   if [ ${#interfere[@]} -gt 0 ]; then "$bin" interfere --cores 1 "${interfere[@]}" >/dev/null 2>&1 & hog_pid=$!; fi
   mpirun -n 2 --map-by core --bind-to core "${entry[@]}" "$bin" train mnist-mlp -q --threads 1 \
     --set "train.max_iters=$iters" --set train.epochs=1000 --set train.eval_every_epochs=1000 \
-    --set "train.global_batch=$batch" --set "balance.policy=$policy" --metrics "$out/$name.jsonl" >/dev/null &
+    --set "train.global_batch=$batch" --set "balance.policy=$policy" "${held[@]}" --metrics "$out/$name.jsonl" >/dev/null &
   run_pid=$!; wait "$run_pid"; run_pid=""
   if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null || true; wait "$hog_pid" 2>/dev/null || true; hog_pid=""; fi
   read -r p1 n1 t1 <<<"$(cg_stat)"
@@ -186,6 +196,19 @@ for cond in $all; do
       if ((RANDOM % 2)); then labels=("${labels[1]}" "${labels[0]}"); fi
       run_one "$cond" "$batch" "$kind" "$k" 1 "${labels[0]}"
       run_one "$cond" "$batch" "$kind" "$k" 2 "${labels[1]}"
+    done
+    position=0
+    for share in $(printf '%s\n' ${STATIC:-} | shuf --random-source=<(yes "$seed$k")); do
+      label="static-$share"; position=$((position + 1))
+      # The held split, iteration by iteration (an epoch's short last batch too), from the sizes of
+      # the pair's bsp run: rank 1 gets `share` of each batch.
+      [ -f "$out/$cond-$label.replay.jsonl" ] || python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line); b = r["global_batch"]; x = min(max(round(float(sys.argv[2]) * b), 1), b - 1)
+    print(json.dumps({**r, "batch_sizes": [b - x, x]}))' "$out/$cond-p$(printf %02d "$k")-ab-bsp.jsonl" "$share" \
+        >"$out/$cond-$label.replay.jsonl"
+      run_one "$cond" "$batch" st "$k" "$position" "$label"
     done
   done
 done

@@ -149,6 +149,10 @@ def main():
              "runs": [{k: r[k] for k in ("file", "policy", "kind", "pair", "position", "label", "throughput",
                                          "oracle_throughput", "s1_over_s0", "starvation", "iterations",
                                          "nr_periods", "nr_throttled", "throttled_us")} for r in runs]}
+        # Held splits (STATIC): each one's throughput over its pair's bsp run.
+        held = sorted({r["label"] for r in runs if r["kind"] == "st"})
+        c["static"] = {l[len("static-"):]: median_ci([by[("st", k, l)]["throughput"] / by[("ab", k, "bsp")]["throughput"]
+                                                      for k in pairs if ("st", k, l) in by], rng) for l in held}
         text, ok = targets(cond, c)
         c["target"], c["target_met"] = text, ok
         summary["conditions"][cond] = c
@@ -158,6 +162,9 @@ def main():
         print(f"{cond:<15} {c['batch']:>5} {len(pairs):>5} {c['bsp_throughput_median']:>7.0f} "
               f"{c['lbbsp_throughput_median']:>7.0f}  {iv(c['ab']):<20} {iv(c['aa']):<20} {iv(c['oracle']):<20} "
               f"{c['bsp_s1_over_s0_median']:>5.2f} {thr:>6}  {text}{verdict}")
+        if c["static"]:
+            print("    split held all run, rank 1's share of B, over bsp: "
+                  + "; ".join(f"{share} {iv(d)}" for share, d in c["static"].items()))
     for cond, why in skipped.items():
         print(f"SKIPPED: {cond}: {why}")
     print("s1/s0: rank 1's over rank 0's seconds per sample in the bsp runs; thrott: share of the quota "
