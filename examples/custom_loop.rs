@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
                 interference_s: s.interference_s,
                 cpu_share: s.cpu_share,
                 preemptions: s.preemptions,
+                frozen_s: s.frozen_s,
                 ..RankStats::default()
             };
 
@@ -91,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                     compute_s: s.compute_s,
                     cpu_share: s.cpu_share,
                     preemptions: s.preemptions,
+                    frozen_s: s.frozen_s,
                     run_share: s.prev_run_share,
                 })
                 .collect();

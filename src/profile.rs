@@ -10,8 +10,15 @@
 //! iteration could not see a change anyway. An iteration that ends within a tick of the last read
 //! reports 0 and the next read reports everything since, so sums over iterations are unchanged.
 //! The rank's own CPU share is its process CPU time (all threads, nanosecond clock) over wall time.
+//!
+//! Time off the CPU is either waited for (a sleep, a page from disk, a slowed node's stall) or
+//! taken (another job's turn on the core, a CPU quota's throttle). Only the second comes in
+//! windows that do not scale with the work, so the sampler measures it on its own: the threads'
+//! run-queue waits (`run_delay` in `/proc/self/task/*/schedstat`, which counts throttled time too).
 
-use std::time::Instant;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
 
 /// CPU time of this process, all threads (seconds).
 pub fn process_cpu_s() -> f64 {
@@ -34,6 +41,57 @@ pub fn process_preemptions() -> f64 {
         return 0.0;
     }
     ru.ru_nivcsw as f64
+}
+
+/// The run-queue waits of this process's threads: seconds each was runnable but not running, from
+/// the second field of `/proc/self/task/TID/schedstat`. The files stay open and are read in place
+/// (no allocation once listed); the list of threads is renewed at most once a second, at a
+/// [`RunWaits::mark`], so a thread that starts later counts from then on.
+#[derive(Debug, Default)]
+struct RunWaits {
+    /// Per thread: its file and its wait at the last mark.
+    tasks: Vec<(File, u64)>,
+    listed: Option<Instant>,
+}
+
+impl RunWaits {
+    /// A thread's wait in nanoseconds (None once the thread is gone or the kernel has no
+    /// `schedstat`).
+    fn read(file: &File) -> Option<u64> {
+        let mut buf = [0u8; 96];
+        let n = file.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        text.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Starts an interval: renews the list of threads when a second has passed, and notes every
+    /// thread's wait.
+    fn mark(&mut self) {
+        if self.listed.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.listed = Some(Instant::now());
+            self.tasks.clear();
+            if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+                let files = dir.flatten().filter_map(|e| File::open(e.path().join("schedstat")).ok());
+                self.tasks.extend(files.map(|f| (f, 0)));
+            }
+        }
+        for (f, at) in &mut self.tasks {
+            *at = Self::read(f).unwrap_or(u64::MAX);
+        }
+    }
+
+    /// Seconds the threads waited since the last mark (None without a measure).
+    fn since_mark(&self) -> Option<f64> {
+        let mut ns = 0u64;
+        let mut any = false;
+        for (f, at) in &self.tasks {
+            if let (Some(now), true) = (Self::read(f), *at != u64::MAX) {
+                ns += now.saturating_sub(*at);
+                any = true;
+            }
+        }
+        any.then_some(ns as f64 * 1e-9)
+    }
 }
 
 /// Cores this process may run on, from `/proc/self/status` (`Cpus_allowed_list`, e.g. `0-3,8`).
@@ -98,6 +156,7 @@ pub struct CpuSampler {
     wall: Instant,
     own: f64,
     preempted: f64,
+    waits: RunWaits,
     /// Busy time of the cores, own CPU time and wall clock at the last read of `/proc/stat`.
     busy: f64,
     own_at_read: f64,
@@ -118,6 +177,10 @@ pub struct CpuSample {
     pub cpu_share: f64,
     /// Times the process was descheduled while runnable ([`process_preemptions`]).
     pub preemptions: f64,
+    /// Seconds the process's threads waited to run while runnable since [`CpuSampler::mark`]
+    /// (summed over threads; 0 without a mark or a measure): the frozen part of the time off the
+    /// CPU, where a sleep is not.
+    pub frozen_s: f64,
 }
 
 impl CpuSampler {
@@ -129,6 +192,7 @@ impl CpuSampler {
             wall: now,
             own: 0.0,
             preempted: process_preemptions(),
+            waits: RunWaits::default(),
             busy: 0.0,
             own_at_read: 0.0,
             read_at: now,
@@ -158,6 +222,7 @@ impl CpuSampler {
     /// Starts the CPU share's interval here, so that the next sample's share covers what follows
     /// only (the interference's interval goes on from its last read of `/proc/stat`).
     pub fn mark(&mut self) {
+        self.waits.mark();
         (self.own, self.wall, self.preempted) = (process_cpu_s(), Instant::now(), process_preemptions());
     }
 
@@ -173,10 +238,13 @@ impl CpuSampler {
             (self.busy, self.own_at_read, self.read_at) = (busy, own, wall);
         }
         let preempted = process_preemptions();
+        // Without a measure of the waits, preemptions cannot be told from sleeps: none are counted.
+        let frozen_s = self.waits.since_mark();
         let s = CpuSample {
             interference_s,
             cpu_share: if dt > 0.0 { (own - self.own) / dt } else { 0.0 },
-            preemptions: preempted - self.preempted,
+            preemptions: if frozen_s.is_some() { preempted - self.preempted } else { 0.0 },
+            frozen_s: frozen_s.unwrap_or(0.0),
         };
         (self.own, self.wall, self.preempted) = (own, wall, preempted);
         s
@@ -212,6 +280,47 @@ mod tests {
         std::hint::black_box(x);
         let smp = s.sample();
         assert!(smp.cpu_share > 0.5, "{smp:?}");
+    }
+
+    /// A sleep is time off the CPU that no one took: it is not frozen. Time another thread of ours
+    /// takes on the one core we are allowed is.
+    #[test]
+    fn waits_tell_a_sleep_from_a_freeze() {
+        let spin = |ms: u128| {
+            let t = Instant::now();
+            let mut x = 0u64;
+            while t.elapsed().as_millis() < ms {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+            std::hint::black_box(x);
+        };
+        let mut s = CpuSampler::new();
+        s.mark();
+        std::thread::sleep(Duration::from_millis(60));
+        let slept = s.sample();
+        if !std::path::Path::new("/proc/self/task").exists() {
+            return;
+        }
+        assert!(slept.frozen_s < 0.02, "a 60 ms sleep counted as {:.3} s frozen", slept.frozen_s);
+        // Two spinning threads pinned to one core take turns: each waits for the other.
+        // SAFETY: sched_setaffinity reads the set we pass; 0 is this thread.
+        let pin = || unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(allowed_cores().first().copied().unwrap_or(0), &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        };
+        let other = std::thread::spawn(move || {
+            pin();
+            spin(300)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        s.waits.listed = None;
+        s.mark();
+        pin();
+        spin(200);
+        let shared = s.sample();
+        other.join().unwrap();
+        assert!(shared.frozen_s > 0.05, "two threads on one core for 200 ms: {shared:?}");
     }
 
     #[test]

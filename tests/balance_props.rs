@@ -195,6 +195,7 @@ proptest! {
                     compute_s: lines[r].at(b),
                     cpu_share: if signal && r == 1 && it >= 30 { 1.0 / 3.0 } else { 1.0 },
                     preemptions: 0.0,
+                    frozen_s: 0.0,
                     run_share: 0.0,
                 })
                 .collect();

@@ -47,9 +47,11 @@ pub struct Observation {
     pub compute_s: f64,
     /// The share of its cores' time the rank had while computing (1 when it has no measure).
     pub cpu_share: f64,
-    /// Times the rank was descheduled while computing (0 when it has no measure): its frozen
-    /// seconds over this are the length of one freeze.
+    /// Times the rank was descheduled while computing (0 when it has no measure).
     pub preemptions: f64,
+    /// Seconds of its compute the rank was runnable but not running (another job's turn, a CPU
+    /// quota's throttle; not a sleep): over `preemptions`, the length of one freeze.
+    pub frozen_s: f64,
     /// The share of wall time the rank ran in its previous iteration, compute and collective (0
     /// when it has no measure).
     pub run_share: f64,
@@ -58,7 +60,7 @@ pub struct Observation {
 impl Observation {
     /// An observation without a CPU share measure.
     pub fn new(batch: usize, compute_s: f64) -> Observation {
-        Observation { batch, compute_s, cpu_share: 1.0, preemptions: 0.0, run_share: 0.0 }
+        Observation { batch, compute_s, cpu_share: 1.0, preemptions: 0.0, frozen_s: 0.0, run_share: 0.0 }
     }
 }
 
@@ -536,7 +538,7 @@ impl Policy for Balancer {
                 // A checkpoint from before freezes were measured has none.
                 self.freezes.resize(self.ranks.len(), Freezes::default());
                 for (f, o) in self.freezes.iter_mut().zip(obs) {
-                    f.observe(o.compute_s, o.cpu_share, o.preemptions, o.run_share);
+                    f.observe(o);
                 }
                 let mut jumps: Vec<f64> = self
                     .ranks
@@ -651,6 +653,7 @@ mod tests {
                         compute_s: f * 1e-5 * b as f64,
                         cpu_share: 1.0 / f,
                         preemptions: 0.0,
+                        frozen_s: 0.0,
                         run_share: 0.0,
                     }
                 })
@@ -698,6 +701,7 @@ mod tests {
                     compute_s: wall1,
                     cpu_share: cpu(b1) / wall1,
                     preemptions: freezes,
+                    frozen_s: wall1 - cpu(b1),
                     run_share: whole,
                 },
             ];

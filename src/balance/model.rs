@@ -141,7 +141,7 @@ impl Shape {
 const FREEZE_FORGETTING: f64 = 0.95;
 const RUN_FORGETTING: f64 = 0.99;
 
-/// How a rank is frozen, from its frozen seconds `f = t·(1 − share)` and its preemptions `N`: the
+/// How a rank is frozen, from its frozen seconds `f` (at most `t·(1 − share)`) and its preemptions `N`: the
 /// length `L` of one freeze (`f/N`, averaged over frozen seconds) and the share `a` of wall time it
 /// runs. A rank that busy-polls in the collective is frozen on the wall clock whatever its batch:
 /// in windows of `L` every `L·a/(1 − a)` of running. No preemptions counted (no measure, or a
@@ -158,14 +158,17 @@ pub struct Freezes {
 }
 
 impl Freezes {
-    /// Learns an iteration of `t` wall seconds at a CPU share `share`, preempted `n` times, and the
-    /// share `whole` over the whole iteration before (0 without a measure).
-    pub fn observe(&mut self, t: f64, share: f64, n: f64, whole: f64) {
+    /// Learns an iteration: its `compute_s` wall seconds at its CPU share, frozen for `frozen_s` of
+    /// them in `preemptions` freezes, and its share `run_share` over the whole iteration before (0
+    /// without a measure). Only frozen seconds make windows: time the rank slept (a stall that
+    /// scales with its work) is left to the rank's speed.
+    pub fn observe(&mut self, o: &super::Observation) {
+        let (t, share, n, whole) = (o.compute_s, o.cpu_share, o.preemptions, o.run_share);
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
             return;
         }
         let c = t * share.clamp(1e-3, 1.0);
-        let f = t - c;
+        let f = if o.frozen_s.is_finite() { o.frozen_s.clamp(0.0, t - c) } else { 0.0 };
         let (term, weight) = if whole > 0.0 && whole.is_finite() { (whole.min(1.0), 1.0) } else { (c, t) };
         self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
         self.frozen.iter_mut().for_each(|s| *s *= FREEZE_FORGETTING);
@@ -352,12 +355,22 @@ mod tests {
         // period's). Fine: 10 freezes of 1 ms in each 20 ms iteration (a 2 ms period's).
         let (mut coarse, mut fine) = (Freezes::default(), Freezes::default());
         let mut learned = Vec::new();
+        let frozen = |t: f64, share: f64, n: f64| super::super::Observation {
+            cpu_share: share,
+            preemptions: n,
+            frozen_s: t * (1.0 - share),
+            ..super::super::Observation::new(1, t)
+        };
+        let mut slept = Freezes::default();
         for k in 0..400 {
             let (t, share, n) = if k % 40 == 39 { (0.051, 0.001 / 0.051, 1.0) } else { (0.001, 1.0, 0.0) };
-            coarse.observe(t, share, n, 0.0);
+            coarse.observe(&frozen(t, share, n));
             learned.push(coarse.smoothed(t, share));
-            fine.observe(0.02, 0.5, 10.0, 0.0);
+            fine.observe(&frozen(0.02, 0.5, 10.0));
+            // A rank that sleeps two thirds of its compute, preempted now and then: no windows.
+            slept.observe(&super::super::Observation { frozen_s: 1e-5, ..frozen(0.03, 1.0 / 3.0, 1.0) });
         }
+        assert!(slept.windows().0 < 2e-5 && slept.smoothed(0.03, 1.0 / 3.0) == 0.03, "{:?}", slept.windows());
         let (length, a) = coarse.windows();
         assert!((length - 0.05).abs() < 1e-9 && (a - 40.0 / 90.0).abs() < 0.05, "{length} {a}");
         let (lo, hi) = learned[100..].iter().fold((f64::MAX, 0.0f64), |(l, h), &t| (l.min(t), h.max(t)));

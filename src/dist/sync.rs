@@ -40,6 +40,9 @@ pub struct RankStats {
     pub cpu_share: f64,
     /// Times this process was descheduled while computing (see [`crate::profile::process_preemptions`]).
     pub preemptions: f64,
+    /// Seconds this process's threads waited to run while computing (see
+    /// [`crate::profile::CpuSample::frozen_s`]).
+    pub frozen_s: f64,
     /// This process's CPU time over the wall time of its previous iteration, compute and collective
     /// (0 before the first): it rides on the next iteration, as `prev_sync` does.
     pub prev_run_share: f64,
@@ -50,7 +53,7 @@ pub struct RankStats {
 }
 
 /// 64-bit words in a [`RankStats`].
-const WORDS: usize = 9;
+const WORDS: usize = 10;
 /// f32 slots a 64-bit word travels in: 22 + 21 + 21 bits.
 const SLOTS_PER_WORD: usize = 3;
 /// f32 slots of one rank's stats in the synchronised buffer.
@@ -66,6 +69,7 @@ impl RankStats {
             self.interference_s.to_bits(),
             self.cpu_share.to_bits(),
             self.preemptions.to_bits(),
+            self.frozen_s.to_bits(),
             self.prev_run_share.to_bits(),
             self.prev_sync.wait_s.to_bits(),
             self.prev_sync.comm_s.to_bits(),
@@ -93,8 +97,9 @@ impl RankStats {
             interference_s: f64::from_bits(w[3]),
             cpu_share: f64::from_bits(w[4]),
             preemptions: f64::from_bits(w[5]),
-            prev_run_share: f64::from_bits(w[6]),
-            prev_sync: SyncTime { wait_s: f64::from_bits(w[7]), comm_s: f64::from_bits(w[8]) },
+            frozen_s: f64::from_bits(w[6]),
+            prev_run_share: f64::from_bits(w[7]),
+            prev_sync: SyncTime { wait_s: f64::from_bits(w[8]), comm_s: f64::from_bits(w[9]) },
         }
     }
 }
@@ -270,6 +275,7 @@ mod tests {
             interference_s: if rank == 1 { -0.0 } else { 1e-300 },
             cpu_share: f64::MAX / (rank as f64 + 1.0),
             preemptions: 3.0 * rank as f64,
+            frozen_s: 1e-4 * (rank as f64 + 0.5),
             prev_run_share: 0.5 / (rank as f64 + 1.0),
             prev_sync: SyncTime { wait_s: 1e-3 * rank as f64, comm_s: f64::MIN_POSITIVE },
         }
@@ -302,6 +308,7 @@ mod tests {
                     (s.interference_s, want.interference_s),
                     (s.cpu_share, want.cpu_share),
                     (s.preemptions, want.preemptions),
+                    (s.frozen_s, want.frozen_s),
                     (s.prev_run_share, want.prev_run_share),
                     (s.prev_sync.wait_s, want.prev_sync.wait_s),
                     (s.prev_sync.comm_s, want.prev_sync.comm_s),

@@ -255,6 +255,7 @@ pub fn simulate(
                 r.comm_s = vec![collective; n];
                 r.cpu_share = cpu_share.iter().zip(&tr.stretch).map(|(s, x)| s / x).collect();
                 r.preemptions = seen.iter().map(|s| s[0]).collect();
+                r.frozen_s = tr.compute.iter().zip(&r.cpu_share).map(|(c, s)| c * (1.0 - s).max(0.0)).collect();
                 r.run_share = seen.iter().map(|s| s[1]).collect();
                 rec(tr.policy, r);
             }
@@ -520,6 +521,8 @@ impl Track {
                     compute_s: self.compute[i],
                     cpu_share: share[i] / self.stretch[i],
                     preemptions: seen[i][0],
+                    // Every second a simulated rank is off the CPU, a process took.
+                    frozen_s: self.compute[i] * (1.0 - share[i] / self.stretch[i]).max(0.0),
                     run_share: seen[i][1],
                 };
             }

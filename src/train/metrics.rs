@@ -41,6 +41,10 @@ pub struct IterRecord {
     /// Per rank: times the process was descheduled while computing (absent in older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preemptions: Vec<f64>,
+    /// Per rank: seconds its threads waited to run while computing (runnable, not running; absent
+    /// in older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen_s: Vec<f64>,
     /// Per rank: the CPU share over the whole previous iteration, compute and collective (absent in
     /// older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -299,6 +303,7 @@ impl IterRecord {
             interference_s: vec![0.0; n],
             cpu_share: vec![1.0; n],
             preemptions: Vec::new(),
+            frozen_s: Vec::new(),
             run_share: Vec::new(),
             iter_s: slowest,
             samples_per_s: if slowest > 0.0 { global_batch as f64 / slowest } else { 0.0 },

@@ -181,6 +181,7 @@ impl<'a> Run<'a> {
             cpu_share: cpu.cpu_share,
             // Thread ranks share one process's counters: no measure of their own.
             preemptions: if self.comm.owns_process() { cpu.preemptions } else { 0.0 },
+            frozen_s: if self.comm.owns_process() { cpu.frozen_s } else { 0.0 },
             prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
             prev_sync: self.last_sync,
         };
@@ -199,6 +200,7 @@ impl<'a> Run<'a> {
             compute_s: s.compute_s,
             cpu_share: s.cpu_share / threads,
             preemptions: s.preemptions,
+            frozen_s: s.frozen_s / threads,
             run_share: s.prev_run_share / threads,
         }));
         self.balancer.observe(&self.obs);
@@ -266,6 +268,7 @@ impl<'a> Run<'a> {
             interference_s: stats.iter().map(|s| s.interference_s).collect(),
             cpu_share: stats.iter().map(|s| s.cpu_share).collect(),
             preemptions: stats.iter().map(|s| s.preemptions).collect(),
+            frozen_s: stats.iter().map(|s| s.frozen_s).collect(),
             run_share: stats.iter().map(|s| s.prev_run_share).collect(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,

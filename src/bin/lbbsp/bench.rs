@@ -195,6 +195,7 @@ mod tests {
             interference_s: vec![0.0],
             cpu_share: vec![1.0],
             preemptions: Vec::new(),
+            frozen_s: Vec::new(),
             run_share: Vec::new(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
