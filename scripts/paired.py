@@ -49,7 +49,8 @@ def analyse_run(path):
     recs = [json.loads(line) for line in open(path) if line.strip()]
     if len(recs) <= WARMUP:
         sys.exit(f"{path}: {len(recs)} iterations, need more than the {WARMUP} warm-up ones")
-    samples = iter_s = oracle_s = 0.0
+    samples = iter_s = oracle_s = late_s = 0.0
+    before = None
     comp = [0.0, 0.0]
     batch = [0, 0]
     starve, worst = [0] * len(recs[0]["batch_sizes"]), 0
@@ -67,12 +68,22 @@ def analyse_run(path):
         iter_s += r["iter_s"]
         # The oracle splits the batch so that every rank computes for the same time at its
         # measured speed, and keeps the run's own communication and overhead.
-        oracle_s += r["global_batch"] / rate + (r["iter_s"] - max(r["compute_s"]))
+        overhead = r["iter_s"] - max(r["compute_s"])
+        oracle_s += r["global_batch"] / rate + overhead
+        # The late oracle splits by the speeds of the iteration before, as a policy that learns
+        # from timings at best can without foreseeing change, and meets this iteration's speeds.
+        if before is not None and len(known) == len(s):
+            late = [r["global_batch"] * (1 / before[i]) / sum(1 / x for x in before) for i in known]
+            late_s += max(b * s[i] for b, i in zip(late, known)) + overhead
+        else:
+            late_s += r["iter_s"]
+        before = list(s) if len(known) == len(s) else None
         for i in range(min(2, len(r["compute_s"]))):
             comp[i] += r["compute_s"][i]
             batch[i] += r["batch_sizes"][i]
     slow = (comp[1] / batch[1]) / (comp[0] / batch[0]) if all(batch) and comp[0] > 0 else None
     return {"throughput": samples / iter_s, "oracle_throughput": samples / oracle_s,
+            "late_oracle_throughput": samples / late_s,
             "s1_over_s0": slow, "starvation": worst, "iterations": len(recs)}
 
 
@@ -137,17 +148,22 @@ def main():
         lb = [r for r in runs if r["label"] == "lbbsp"]
         bs = [r for r in runs if r["label"] == "bsp"]
         oracle = [r["throughput"] / r["oracle_throughput"] for r in lb]
+        # On bsp runs, where every rank is timed at the same size every iteration: what the two
+        # oracles would have made of the same run, over what bsp made of it.
+        ideal = [r["oracle_throughput"] / r["throughput"] for r in bs]
+        late = [r["late_oracle_throughput"] / r["throughput"] for r in bs]
         periods = sum(r["nr_periods"] for r in runs)
         c = {"batch": runs[0]["batch"], "pairs": len(pairs),
              "ab_ratios": ab, "aa_ratios": aa, "ab": median_ci(ab, rng), "aa": median_ci(aa, rng),
              "oracle_ratios": oracle, "oracle": median_ci(oracle, rng),
+             "bsp_oracle": median_ci(ideal, rng), "bsp_late_oracle": median_ci(late, rng),
              "bsp_throughput_median": st.median(r["throughput"] for r in bs),
              "lbbsp_throughput_median": st.median(r["throughput"] for r in lb),
              "bsp_s1_over_s0_median": st.median(r["s1_over_s0"] for r in bs if r["s1_over_s0"] is not None),
              "throttled_fraction": sum(r["nr_throttled"] for r in runs) / periods if periods else None,
              "throttled_s": sum(r["throttled_us"] for r in runs) / 1e6,
              "runs": [{k: r[k] for k in ("file", "policy", "kind", "pair", "position", "label", "throughput",
-                                         "oracle_throughput", "s1_over_s0", "starvation", "iterations",
+                                         "oracle_throughput", "late_oracle_throughput", "s1_over_s0", "starvation", "iterations",
                                          "nr_periods", "nr_throttled", "throttled_us")} for r in runs]}
         # Held splits (STATIC): each one's throughput over its pair's bsp run.
         held = sorted({r["label"] for r in runs if r["kind"] == "st"})
@@ -162,6 +178,8 @@ def main():
         print(f"{cond:<15} {c['batch']:>5} {len(pairs):>5} {c['bsp_throughput_median']:>7.0f} "
               f"{c['lbbsp_throughput_median']:>7.0f}  {iv(c['ab']):<20} {iv(c['aa']):<20} {iv(c['oracle']):<20} "
               f"{c['bsp_s1_over_s0_median']:>5.2f} {thr:>6}  {text}{verdict}")
+        print(f"    on bsp's runs, over bsp: the empirical oracle {iv(c['bsp_oracle'])}, "
+              f"the oracle one iteration late {iv(c['bsp_late_oracle'])}")
         if c["static"]:
             print("    split held all run, rank 1's share of B, over bsp: "
                   + "; ".join(f"{share} {iv(d)}" for share, d in c["static"].items()))
