@@ -45,6 +45,38 @@ def speeds(recs):
         yield r, list(last)
 
 
+def effective(recs):
+    """Per record, every rank's seconds per sample of CPU over the share of the whole iteration it
+    could run (its CPU over wall seconds, compute and collective, which the next record carries),
+    or its wall seconds per sample where that is not recorded. A rank under a quota whose freeze
+    falls in the collective computes at full speed yet finishes an iteration only when it has run
+    again: its equal-time share is by this speed, not by its compute's."""
+    for n, r in enumerate(recs):
+        nxt = recs[n + 1].get("run_share", []) if n + 1 < len(recs) else []
+        out = []
+        for i, (b, c) in enumerate(zip(r["batch_sizes"], r["compute_s"])):
+            a = nxt[i] if i < len(nxt) else 0.0
+            share = r.get("cpu_share", [1.0] * len(r["batch_sizes"]))[i]
+            out.append(None if not (b > 0 and c > 0) else (c * min(share, 1.0) / b / min(a, 1.0) if a > 0.05 else c / b))
+        yield out
+
+
+def longest_starved(recs, speeds_of):
+    """The longest run of iterations in which a rank's batch stayed below half of its equal-time
+    share by the given speeds (a rank's last known speed where it had no samples)."""
+    last = [None] * len(recs[0]["batch_sizes"])
+    run, worst = [0] * len(last), 0
+    for r, s in zip(recs, speeds_of(recs)):
+        last = [x if x is not None else l for x, l in zip(s, last)]
+        known = [i for i, x in enumerate(last) if x is not None]
+        rate = sum(1 / last[i] for i in known)
+        for i in known:
+            share = r["global_batch"] * (1 / last[i]) / rate
+            run[i] = run[i] + 1 if r["batch_sizes"][i] < 0.5 * share else 0
+            worst = max(worst, run[i])
+    return worst
+
+
 def analyse_run(path):
     recs = [json.loads(line) for line in open(path) if line.strip()]
     if len(recs) <= WARMUP:
@@ -53,15 +85,9 @@ def analyse_run(path):
     before = None
     comp = [0.0, 0.0]
     batch = [0, 0]
-    starve, worst = [0] * len(recs[0]["batch_sizes"]), 0
     for n, (r, s) in enumerate(speeds(recs)):
         known = [i for i, x in enumerate(s) if x is not None]
         rate = sum(1 / s[i] for i in known)
-        # Starvation: a rank's batch below half its equal-time share, by the speeds of this iteration.
-        for i in known:
-            share = r["global_batch"] * (1 / s[i]) / rate
-            starve[i] = starve[i] + 1 if r["batch_sizes"][i] < 0.5 * share else 0
-            worst = max(worst, starve[i])
         if n < WARMUP:
             continue
         samples += r["global_batch"]
@@ -84,7 +110,9 @@ def analyse_run(path):
     slow = (comp[1] / batch[1]) / (comp[0] / batch[0]) if all(batch) and comp[0] > 0 else None
     return {"throughput": samples / iter_s, "oracle_throughput": samples / oracle_s,
             "late_oracle_throughput": samples / late_s,
-            "s1_over_s0": slow, "starvation": worst, "iterations": len(recs)}
+            "s1_over_s0": slow, "starvation": longest_starved(recs, effective),
+            "starvation_by_compute": longest_starved(recs, lambda rs: (s for _, s in speeds(rs))),
+            "iterations": len(recs)}
 
 
 def median_ci(xs, rng):
@@ -127,7 +155,7 @@ def main():
             order.append(r["condition"])
     summary = {"host": host(), "seed": seed, "warmup_iterations": WARMUP, "bootstrap_resamples": RESAMPLES,
                "conditions": {c: {"skipped": why} for c, why in skipped.items()}}
-    worst = (-1, "")
+    worst, worst_compute = (-1, ""), (-1, "")
     print()
     print("mnist-mlp, 2 ranks pinned one per core, rank 1 slowed; samples/s after the first "
           f"{WARMUP} iterations; medians [bootstrap 95%]")
@@ -141,6 +169,7 @@ def main():
                 r[key] = int(r[key])
             if r["policy"] == "lbbsp":
                 worst = max(worst, (r["starvation"], r["file"]))
+                worst_compute = max(worst_compute, (r["starvation_by_compute"], r["file"]))
         by = {(r["kind"], r["pair"], r["label"]): r for r in runs}
         pairs = sorted({r["pair"] for r in runs})
         ab = [by[("ab", k, "lbbsp")]["throughput"] / by[("ab", k, "bsp")]["throughput"] for k in pairs]
@@ -163,7 +192,8 @@ def main():
              "throttled_fraction": sum(r["nr_throttled"] for r in runs) / periods if periods else None,
              "throttled_s": sum(r["throttled_us"] for r in runs) / 1e6,
              "runs": [{k: r[k] for k in ("file", "policy", "kind", "pair", "position", "label", "throughput",
-                                         "oracle_throughput", "late_oracle_throughput", "s1_over_s0", "starvation", "iterations",
+                                         "oracle_throughput", "late_oracle_throughput", "s1_over_s0", "starvation",
+                                         "starvation_by_compute", "iterations",
                                          "nr_periods", "nr_throttled", "throttled_us")} for r in runs]}
         # Held splits (STATIC): each one's throughput over its pair's bsp run.
         held = sorted({r["label"] for r in runs if r["kind"] == "st"})
@@ -188,8 +218,10 @@ def main():
     print("s1/s0: rank 1's over rank 0's seconds per sample in the bsp runs; thrott: share of the quota "
           "group's periods that were throttled")
     if worst[0] >= 0:
-        print(f"longest run below half the equal-time share, every lbbsp run: {worst[0]} iterations ({worst[1]})")
-        summary["starvation"] = {"iterations": worst[0], "file": worst[1]}
+        print(f"longest run below half the equal-time share, every lbbsp run: {worst[0]} iterations ({worst[1]}); "
+              f"by the compute's speed alone: {worst_compute[0]} ({worst_compute[1]})")
+        summary["starvation"] = {"iterations": worst[0], "file": worst[1],
+                                 "by_compute": {"iterations": worst_compute[0], "file": worst_compute[1]}}
     with open(f"{out}/summary.json", "w") as f:
         json.dump(summary, f, indent=1)
     print(f"summary: {out}/summary.json")

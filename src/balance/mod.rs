@@ -545,7 +545,7 @@ impl Policy for Balancer {
                     .iter_mut()
                     .zip(obs)
                     .zip(&self.freezes)
-                    .filter_map(|((r, o), f)| r.observe(o.batch, f.smoothed(o.compute_s, o.cpu_share), rho))
+                    .filter_map(|((r, o), f)| r.observe(o.batch, f.smoothed(o), rho))
                     .collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.

@@ -155,6 +155,10 @@ pub struct Freezes {
     /// in its wait as in its compute, so only the whole iteration tells its share: over the compute
     /// alone, a rank whose small batch meets its freeze every time would look ever slower.
     run: [f64; 2],
+    /// Forgotten sums of the squared deviation of an iteration's frozen seconds per CPU second from
+    /// their long-run expectation `1/a − 1`, and of the weights.
+    #[serde(default)]
+    spread: [f64; 2],
 }
 
 impl Freezes {
@@ -176,6 +180,8 @@ impl Freezes {
             self.frozen[0] += f * f / n;
             self.frozen[1] += f;
         }
+        let d = f / c - (1.0 / self.windows().1 - 1.0);
+        self.spread = [RUN_FORGETTING * self.spread[0] + d * d, RUN_FORGETTING * self.spread[1] + 1.0];
     }
 
     /// `(L, a)`: one freeze's length (0 before any) and the running share.
@@ -184,19 +190,27 @@ impl Freezes {
         (length, if self.run[1] > 0.0 { (self.run[0] / self.run[1]).clamp(1e-3, 1.0) } else { 1.0 })
     }
 
-    /// The time to learn of an iteration of `t` seconds at `share`: its CPU seconds `c` plus its
-    /// frozen seconds, these replaced by their expectation `c·(1/a − 1)` by the weight `L/(L + c)`
-    /// of one freeze against the work. A freeze as long as the iteration is one draw of the windows'
-    /// phase, not a speed: read as one, a 50 ms freeze of a 1 ms iteration would shrink the rank's
-    /// batch for the next ones, which it cannot make faster.
-    pub fn smoothed(&self, t: f64, share: f64) -> f64 {
+    /// The time to learn of an iteration: its frozen seconds `f` shrunk towards their long-run
+    /// expectation `c·(1/a − 1)` (`c` its CPU seconds), `t̃ = t + k·(c·(1/a − 1) − f)`. The weight
+    /// is that of one freeze against the work, `L/(L + c)`: a 50 ms freeze of a 1 ms iteration is
+    /// one draw of the windows' phase, and read as a speed it would shrink the rank's batch for
+    /// nothing. It is capped by the share of the frozen rate's observed spread that the phase
+    /// explains: the phase moves an iteration's frozen seconds per CPU second by one window at
+    /// most, a variance of at most `(L/c)²/4`, and a spread beyond that is the rate itself moving
+    /// (a job that comes and goes), whose freezes are learned as they are, not as the long-run
+    /// share (normal-means empirical Bayes, as for the levels).
+    pub fn smoothed(&self, o: &super::Observation) -> f64 {
+        let (t, share) = (o.compute_s, o.cpu_share);
         let (length, a) = self.windows();
         let c = t * share.clamp(1e-3, 1.0);
         if length <= 0.0 || !c.is_finite() || c <= 0.0 {
             return t;
         }
-        let k = length / (length + c);
-        (1.0 - k) * t + k * c / a
+        let f = if o.frozen_s.is_finite() { o.frozen_s.clamp(0.0, t - c) } else { 0.0 };
+        let phase = (length / c).powi(2) / 4.0;
+        let spread = if self.spread[1] > 0.0 { self.spread[0] / self.spread[1] } else { 0.0 };
+        let k = (length / (length + c)).min(if spread > phase { phase / spread } else { 1.0 });
+        t + k * (c * (1.0 / a - 1.0) - f)
     }
 }
 
@@ -362,22 +376,35 @@ mod tests {
             ..super::super::Observation::new(1, t)
         };
         let mut slept = Freezes::default();
+        let asleep = super::super::Observation { frozen_s: 1e-5, ..frozen(0.03, 1.0 / 3.0, 1.0) };
         for k in 0..400 {
             let (t, share, n) = if k % 40 == 39 { (0.051, 0.001 / 0.051, 1.0) } else { (0.001, 1.0, 0.0) };
             coarse.observe(&frozen(t, share, n));
-            learned.push(coarse.smoothed(t, share));
+            learned.push(coarse.smoothed(&frozen(t, share, n)));
             fine.observe(&frozen(0.02, 0.5, 10.0));
             // A rank that sleeps two thirds of its compute, preempted now and then: no windows.
-            slept.observe(&super::super::Observation { frozen_s: 1e-5, ..frozen(0.03, 1.0 / 3.0, 1.0) });
+            slept.observe(&asleep);
         }
-        assert!(slept.windows().0 < 2e-5 && slept.smoothed(0.03, 1.0 / 3.0) == 0.03, "{:?}", slept.windows());
+        assert!(slept.windows().0 < 2e-5 && (slept.smoothed(&asleep) - 0.03).abs() < 1e-6, "{:?}", slept.windows());
         let (length, a) = coarse.windows();
         assert!((length - 0.05).abs() < 1e-9 && (a - 40.0 / 90.0).abs() < 0.05, "{length} {a}");
         let (lo, hi) = learned[100..].iter().fold((f64::MAX, 0.0f64), |(l, h), &t| (l.min(t), h.max(t)));
         // Raw, 1 to 51 ms; learned, within 2× (the share moves over the quota's cycle).
         assert!(hi / lo < 2.2 && lo > 0.0015, "{lo} {hi}");
         assert!((fine.windows().0 - 0.001).abs() < 1e-9);
-        assert!((fine.smoothed(0.02, 0.5) - 0.02).abs() < 1e-12 && (fine.smoothed(0.03, 0.4) - 0.03).abs() < 2e-3);
+        assert!((fine.smoothed(&frozen(0.02, 0.5, 10.0)) - 0.02).abs() < 1e-12);
+        // The rate moves: 1 ms windows that a hog takes in bursts of 5 to 15 iterations, half its
+        // CPU while there. A burst is learned as it is once the spread tells it is no phase.
+        let mut bursty = Freezes::default();
+        let mut seen = Vec::new();
+        for k in 0..400usize {
+            let on = (k / 10) % 2 == 1;
+            let o = if on { frozen(0.02, 0.5, 10.0) } else { frozen(0.01, 1.0, 0.0) };
+            bursty.observe(&o);
+            seen.push(bursty.smoothed(&o) / o.compute_s);
+        }
+        let worst = seen[100..].iter().fold(0.0f64, |w, r| w.max((r - 1.0).abs()));
+        assert!(worst < 0.05, "bursts learned {:.1}% away from their times", 100.0 * worst);
     }
 
     #[test]
