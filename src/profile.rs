@@ -52,6 +52,8 @@ struct RunWaits {
     /// Per thread: its file and its wait at the last mark.
     tasks: Vec<(File, u64)>,
     listed: Option<Instant>,
+    /// Off for ranks that are threads of one process: the process's threads are not theirs.
+    off: bool,
 }
 
 impl RunWaits {
@@ -67,6 +69,9 @@ impl RunWaits {
     /// Starts an interval: renews the list of threads when a second has passed, and notes every
     /// thread's wait.
     fn mark(&mut self) {
+        if self.off {
+            return;
+        }
         if self.listed.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             self.listed = Some(Instant::now());
             self.tasks.clear();
@@ -82,6 +87,9 @@ impl RunWaits {
 
     /// Seconds the threads waited since the last mark (None without a measure).
     fn since_mark(&self) -> Option<f64> {
+        if self.off {
+            return None;
+        }
         let mut ns = 0u64;
         let mut any = false;
         for (f, at) in &self.tasks {
@@ -184,7 +192,18 @@ pub struct CpuSample {
 }
 
 impl CpuSampler {
+    /// A sampler of this process: its CPU share, preemptions and threads' run-queue waits.
     pub fn new() -> CpuSampler {
+        Self::with_waits(true)
+    }
+
+    /// A sampler that measures no run-queue waits (nor preemptions, which cannot be told from
+    /// sleeps without them), for a rank that is one thread of a process holding others.
+    pub fn of_thread() -> CpuSampler {
+        Self::with_waits(false)
+    }
+
+    fn with_waits(waits: bool) -> CpuSampler {
         let stat = std::fs::File::open("/proc/stat").ok();
         let now = Instant::now();
         let mut s = CpuSampler {
@@ -192,7 +211,7 @@ impl CpuSampler {
             wall: now,
             own: 0.0,
             preempted: process_preemptions(),
-            waits: RunWaits::default(),
+            waits: RunWaits { off: !waits, ..RunWaits::default() },
             busy: 0.0,
             own_at_read: 0.0,
             read_at: now,

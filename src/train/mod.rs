@@ -130,7 +130,7 @@ impl<'a> Run<'a> {
             model,
             opt,
             balancer,
-            sampler: CpuSampler::new(),
+            sampler: if comm.owns_process() { CpuSampler::new() } else { CpuSampler::of_thread() },
             replay,
             obs: Vec::with_capacity(world),
             last_sync: SyncTime::default(),
@@ -172,14 +172,16 @@ impl<'a> Run<'a> {
         let mode = Mode { train: true, seed: self.recipe.train.seed, epoch: epoch as u64 };
         let local = self.model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
         stretch(&self.recipe.runtime.slowdown, rank, iter, t0.elapsed());
+        // Timed before the sample, whose reads of `/proc` are no part of the compute.
+        let compute_s = t0.elapsed().as_secs_f64();
         let cpu = self.sampler.sample();
         let mine = RankStats {
             batch: slice.len(),
-            compute_s: t0.elapsed().as_secs_f64(),
+            compute_s,
             loss_sum: local.loss_sum,
             interference_s: cpu.interference_s,
-            cpu_share: cpu.cpu_share,
             // Thread ranks share one process's counters: no measure of their own.
+            cpu_share: if self.comm.owns_process() { cpu.cpu_share } else { 1.0 },
             preemptions: if self.comm.owns_process() { cpu.preemptions } else { 0.0 },
             frozen_s: if self.comm.owns_process() { cpu.frozen_s } else { 0.0 },
             prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
