@@ -1,4 +1,5 @@
 //! Replays a metrics file through the balancer and prints each rank's expected line per iteration (debugging aid).
+use lbbsp::balance::model::off_cpu_s;
 use lbbsp::balance::{BalanceConfig, Balancer, Observation, Policy, PolicyKind};
 
 fn main() -> anyhow::Result<()> {
@@ -8,20 +9,21 @@ fn main() -> anyhow::Result<()> {
     let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() };
     let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;
     for r in &recs {
-        let obs: Vec<Observation> =
-            (0..world)
-                .map(|k| Observation {
-                    batch: r.batch_sizes[k],
-                    compute_s: r.compute_s[k],
-                    cpu_share: r.cpu_share.get(k).copied().unwrap_or(1.0),
-                    preemptions: r.preemptions.get(k).copied().unwrap_or(0.0),
-                    // Files from before the waits were measured: every second off the CPU was frozen.
-                    frozen_s: r.frozen_s.get(k).copied().unwrap_or_else(|| {
-                        r.compute_s[k] * (1.0 - r.cpu_share.get(k).copied().unwrap_or(1.0)).max(0.0)
-                    }),
-                    run_share: r.run_share.get(k).copied().unwrap_or(0.0),
-                })
-                .collect();
+        let obs: Vec<Observation> = (0..world)
+            .map(|k| Observation {
+                batch: r.batch_sizes[k],
+                compute_s: r.compute_s[k],
+                cpu_share: r.cpu_share.get(k).copied().unwrap_or(1.0),
+                preemptions: r.preemptions.get(k).copied().unwrap_or(0.0),
+                // Files from before the waits were measured: every second off the CPU was frozen.
+                frozen_s: r
+                    .frozen_s
+                    .get(k)
+                    .copied()
+                    .unwrap_or_else(|| off_cpu_s(r.compute_s[k], r.cpu_share.get(k).copied().unwrap_or(1.0))),
+                run_share: r.run_share.get(k).copied().unwrap_or(0.0),
+            })
+            .collect();
         bal.observe(&obs);
         let lines: Vec<String> =
             bal.expected_lines().iter().map(|l| format!("a={:.2}ms b={:.4}ms", l.alpha * 1e3, l.beta * 1e3)).collect();

@@ -87,9 +87,6 @@ impl RunWaits {
 
     /// Seconds the threads waited since the last mark (None without a measure).
     fn since_mark(&self) -> Option<f64> {
-        if self.off {
-            return None;
-        }
         let mut ns = 0u64;
         let mut any = false;
         for (f, at) in &self.tasks {
@@ -197,8 +194,9 @@ impl CpuSampler {
         Self::with_waits(true)
     }
 
-    /// A sampler that measures no run-queue waits (nor preemptions, which cannot be told from
-    /// sleeps without them), for a rank that is one thread of a process holding others.
+    /// A sampler for a rank that is one thread of a process holding others: the process's counters
+    /// are every rank's, so it reports no CPU share (1), preemptions or waits of its own (only the
+    /// interference on its cores).
     pub fn of_thread() -> CpuSampler {
         Self::with_waits(false)
     }
@@ -261,7 +259,13 @@ impl CpuSampler {
         let frozen_s = self.waits.since_mark();
         let s = CpuSample {
             interference_s,
-            cpu_share: if dt > 0.0 { (own - self.own) / dt } else { 0.0 },
+            cpu_share: if self.waits.off {
+                1.0
+            } else if dt > 0.0 {
+                (own - self.own) / dt
+            } else {
+                0.0
+            },
             preemptions: if frozen_s.is_some() { preempted - self.preempted } else { 0.0 },
             frozen_s: frozen_s.unwrap_or(0.0),
         };

@@ -171,8 +171,7 @@ impl Freezes {
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
             return;
         }
-        let c = t * share.clamp(1e-3, 1.0);
-        let f = if o.frozen_s.is_finite() { o.frozen_s.clamp(0.0, t - c) } else { 0.0 };
+        let (c, f) = cpu_and_frozen(o);
         let (term, weight) = if whole > 0.0 && whole.is_finite() { (whole.min(1.0), 1.0) } else { (c, t) };
         self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
         self.frozen.iter_mut().for_each(|s| *s *= FREEZE_FORGETTING);
@@ -200,18 +199,29 @@ impl Freezes {
     /// (a job that comes and goes), whose freezes are learned as they are, not as the long-run
     /// share (normal-means empirical Bayes, as for the levels).
     pub fn smoothed(&self, o: &super::Observation) -> f64 {
-        let (t, share) = (o.compute_s, o.cpu_share);
+        let t = o.compute_s;
         let (length, a) = self.windows();
-        let c = t * share.clamp(1e-3, 1.0);
+        let (c, f) = cpu_and_frozen(o);
         if length <= 0.0 || !c.is_finite() || c <= 0.0 {
             return t;
         }
-        let f = if o.frozen_s.is_finite() { o.frozen_s.clamp(0.0, t - c) } else { 0.0 };
         let phase = (length / c).powi(2) / 4.0;
         let spread = if self.spread[1] > 0.0 { self.spread[0] / self.spread[1] } else { 0.0 };
         let k = (length / (length + c)).min(if spread > phase { phase / spread } else { 1.0 });
         t + k * (c * (1.0 / a - 1.0) - f)
     }
+}
+
+/// An iteration's CPU seconds and its frozen seconds, these at most its time off the CPU.
+fn cpu_and_frozen(o: &super::Observation) -> (f64, f64) {
+    let c = o.compute_s * o.cpu_share.clamp(1e-3, 1.0);
+    (c, if o.frozen_s.is_finite() { o.frozen_s.clamp(0.0, o.compute_s - c) } else { 0.0 })
+}
+
+/// Seconds off the CPU of `compute_s` at `cpu_share`: a rank's frozen seconds where every one of
+/// them was taken by another process (the simulator's ranks, files from before waits were measured).
+pub fn off_cpu_s(compute_s: f64, cpu_share: f64) -> f64 {
+    compute_s * (1.0 - cpu_share).max(0.0)
 }
 
 /// What moving the shape from `ρ = from` to `to` does to a level learned at size `at`: the same

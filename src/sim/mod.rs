@@ -18,6 +18,7 @@ pub mod scenario;
 
 pub use scenario::{Cluster, Scenario};
 
+use crate::balance::model::off_cpu_s;
 use crate::balance::{equalize, equalize_by, BalanceConfig, Balancer, Cost, Line, Observation, Policy, PolicyKind};
 use crate::error::Result;
 use crate::shard::equal_split;
@@ -255,7 +256,7 @@ pub fn simulate(
                 r.comm_s = vec![collective; n];
                 r.cpu_share = cpu_share.iter().zip(&tr.stretch).map(|(s, x)| s / x).collect();
                 r.preemptions = seen.iter().map(|s| s[0]).collect();
-                r.frozen_s = tr.compute.iter().zip(&r.cpu_share).map(|(c, s)| c * (1.0 - s).max(0.0)).collect();
+                r.frozen_s = tr.compute.iter().zip(&r.cpu_share).map(|(&c, &s)| off_cpu_s(c, s)).collect();
                 r.run_share = seen.iter().map(|s| s[1]).collect();
                 rec(tr.policy, r);
             }
@@ -522,7 +523,7 @@ impl Track {
                     cpu_share: share[i] / self.stretch[i],
                     preemptions: seen[i][0],
                     // Every second a simulated rank is off the CPU, a process took.
-                    frozen_s: self.compute[i] * (1.0 - share[i] / self.stretch[i]).max(0.0),
+                    frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
                     run_share: seen[i][1],
                 };
             }

@@ -180,10 +180,10 @@ impl<'a> Run<'a> {
             compute_s,
             loss_sum: local.loss_sum,
             interference_s: cpu.interference_s,
+            cpu_share: cpu.cpu_share,
+            preemptions: cpu.preemptions,
+            frozen_s: cpu.frozen_s,
             // Thread ranks share one process's counters: no measure of their own.
-            cpu_share: if self.comm.owns_process() { cpu.cpu_share } else { 1.0 },
-            preemptions: if self.comm.owns_process() { cpu.preemptions } else { 0.0 },
-            frozen_s: if self.comm.owns_process() { cpu.frozen_s } else { 0.0 },
             prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
             prev_sync: self.last_sync,
         };
