@@ -384,3 +384,72 @@ fn the_checks_recognise_what_they_look_for() {
     let f = functions(&code_only(&format!("pub fn long() {{\n{body}}}\nfn short() {{ }}\n")));
     assert_eq!(f.iter().map(|(n, _, l)| (n.as_str(), *l)).collect::<Vec<_>>(), [("long", 92), ("short", 1)]);
 }
+
+/// The balancer's budget (issue 27): at most this many lines of code in `src/balance/`, tests,
+/// comments and blank lines left out (cloc's "code"), and at most this many settings.
+const MAX_BALANCER_LINES: usize = 800;
+const MAX_BALANCER_SETTINGS: usize = 5;
+
+/// Lines of code of a file: not blank, not only a comment, not in a `#[cfg(test)]` item. A line
+/// that is only part of a string literal (a message's continuation) counts as code.
+fn code_lines(text: &str) -> usize {
+    let blanked = code_only(text);
+    let kept = without_tests(&blanked);
+    let mut in_code = false;
+    let mut n = 0;
+    for ((line, code), kept) in text.lines().zip(blanked.lines()).zip(kept.lines()) {
+        if !kept.trim().is_empty() {
+            in_code = true;
+            n += 1;
+        } else if !code.trim().is_empty() {
+            in_code = false;
+        } else if in_code && !line.trim().is_empty() && !line.trim_start().starts_with("//") {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The `pub` fields of the struct named `name` in `code` (comment-free).
+fn pub_fields(code: &str, name: &str) -> Option<usize> {
+    let at = code.find(&format!("struct {name} {{"))?;
+    let body = &code[at..at + code[at..].find('}')?];
+    Some(body.lines().filter(|l| l.trim_start().starts_with("pub ")).count())
+}
+
+#[test]
+fn the_balancer_has_a_small_budget() {
+    let dir = src().join("balance");
+    let mut lines = Vec::new();
+    let mut code = String::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap();
+        lines.push((p.file_name().unwrap().to_string_lossy().into_owned(), code_lines(&text)));
+        code.push_str(&without_tests(&code_only(&text)));
+    }
+    let total: usize = lines.iter().map(|l| l.1).sum();
+    eprintln!("src/balance/: {total} lines of code {lines:?}");
+    assert!(
+        total <= MAX_BALANCER_LINES,
+        "src/balance/ has {total} lines of code (at most {MAX_BALANCER_LINES}): {lines:?}"
+    );
+    let settings = pub_fields(&code, "BalanceConfig").expect("src/balance/ defines BalanceConfig");
+    assert!(
+        settings <= MAX_BALANCER_SETTINGS,
+        "BalanceConfig has {settings} settings (at most {MAX_BALANCER_SETTINGS})"
+    );
+    for state in ["Balancer", "RankModel", "Shape", "Freezes"] {
+        let public = pub_fields(&code, state).unwrap_or_else(|| panic!("src/balance/ defines {state}"));
+        assert_eq!(public, 0, "{state} has {public} public fields: its state is private behind its methods");
+    }
+}
+
+/// The budget's line count leaves out comments, blank lines and tests, and keeps a message's
+/// continuation lines.
+#[test]
+fn the_line_count_counts_code_only() {
+    let text = "// doc\nfn a() {\n\n    let s = \"x\\\n        y\";\n}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
+    assert_eq!(code_lines(text), 4);
+    assert_eq!(pub_fields("struct S {\n    pub a: u8,\n    b: u8,\n}", "S"), Some(1));
+}
