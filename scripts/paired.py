@@ -81,7 +81,7 @@ def analyse_run(path):
     recs = [json.loads(line) for line in open(path) if line.strip()]
     if len(recs) <= WARMUP:
         sys.exit(f"{path}: {len(recs)} iterations, need more than the {WARMUP} warm-up ones")
-    samples = iter_s = oracle_s = late_s = 0.0
+    samples = iter_s = oracle_s = late_s = late_wall = 0.0
     before = None
     comp = [0.0, 0.0]
     batch = [0, 0]
@@ -100,16 +100,21 @@ def analyse_run(path):
         # from timings at best can without foreseeing change, and meets this iteration's speeds.
         if before is not None and len(known) == len(s):
             late = [r["global_batch"] * (1 / before[i]) / sum(1 / x for x in before) for i in known]
-            late_s += max(b * s[i] for b, i in zip(late, known)) + overhead
+            took = max(b * s[i] for b, i in zip(late, known)) + overhead
         else:
-            late_s += r["iter_s"]
+            took = r["iter_s"]
+        late_s += took
+        # The same, weighted by this run's wall time instead of its iterations: interference that
+        # comes and goes on the wall clock (a bursty job) would have met a faster policy in more of
+        # its iterations, and counting the run's own iterations over-weights the fast ones.
+        late_wall += r["iter_s"] * r["global_batch"] / took
         before = list(s) if len(known) == len(s) else None
         for i in range(min(2, len(r["compute_s"]))):
             comp[i] += r["compute_s"][i]
             batch[i] += r["batch_sizes"][i]
     slow = (comp[1] / batch[1]) / (comp[0] / batch[0]) if all(batch) and comp[0] > 0 else None
     return {"throughput": samples / iter_s, "oracle_throughput": samples / oracle_s,
-            "late_oracle_throughput": samples / late_s,
+            "late_oracle_throughput": samples / late_s, "late_oracle_wall_throughput": late_wall / iter_s,
             "s1_over_s0": slow, "starvation": longest_starved(recs, effective),
             "starvation_by_compute": longest_starved(recs, lambda rs: (s for _, s in speeds(rs))),
             "iterations": len(recs)}
@@ -181,18 +186,24 @@ def main():
         # oracles would have made of the same run, over what bsp made of it.
         ideal = [r["oracle_throughput"] / r["throughput"] for r in bs]
         late = [r["late_oracle_throughput"] / r["throughput"] for r in bs]
+        late_wall = [r["late_oracle_wall_throughput"] / r["throughput"] for r in bs]
+        # On lbbsp's runs: its throughput over the late oracle's on the same iterations, the best a
+        # policy that learns from timings reaches without foreseeing change.
+        own_late = [r["throughput"] / r["late_oracle_throughput"] for r in lb]
         periods = sum(r["nr_periods"] for r in runs)
         c = {"batch": runs[0]["batch"], "pairs": len(pairs),
              "ab_ratios": ab, "aa_ratios": aa, "ab": median_ci(ab, rng), "aa": median_ci(aa, rng),
              "oracle_ratios": oracle, "oracle": median_ci(oracle, rng),
              "bsp_oracle": median_ci(ideal, rng), "bsp_late_oracle": median_ci(late, rng),
+             "bsp_late_oracle_wall": median_ci(late_wall, rng), "lbbsp_over_own_late_oracle": median_ci(own_late, rng),
              "bsp_throughput_median": st.median(r["throughput"] for r in bs),
              "lbbsp_throughput_median": st.median(r["throughput"] for r in lb),
              "bsp_s1_over_s0_median": st.median(r["s1_over_s0"] for r in bs if r["s1_over_s0"] is not None),
              "throttled_fraction": sum(r["nr_throttled"] for r in runs) / periods if periods else None,
              "throttled_s": sum(r["throttled_us"] for r in runs) / 1e6,
              "runs": [{k: r[k] for k in ("file", "policy", "kind", "pair", "position", "label", "throughput",
-                                         "oracle_throughput", "late_oracle_throughput", "s1_over_s0", "starvation",
+                                         "oracle_throughput", "late_oracle_throughput", "late_oracle_wall_throughput",
+                                         "s1_over_s0", "starvation",
                                          "starvation_by_compute", "iterations",
                                          "nr_periods", "nr_throttled", "throttled_us")} for r in runs]}
         # Held splits (STATIC): each one's throughput over its pair's bsp run.
@@ -209,7 +220,8 @@ def main():
               f"{c['lbbsp_throughput_median']:>7.0f}  {iv(c['ab']):<20} {iv(c['aa']):<20} {iv(c['oracle']):<20} "
               f"{c['bsp_s1_over_s0_median']:>5.2f} {thr:>6}  {text}{verdict}")
         print(f"    on bsp's runs, over bsp: the empirical oracle {iv(c['bsp_oracle'])}, "
-              f"the oracle one iteration late {iv(c['bsp_late_oracle'])}")
+              f"the oracle one iteration late {iv(c['bsp_late_oracle'])} (wall-weighted {iv(c['bsp_late_oracle_wall'])})")
+        print(f"    on lbbsp's runs, lbbsp over the oracle one iteration late: {iv(c['lbbsp_over_own_late_oracle'])}")
         if c["static"]:
             print("    split held all run, rank 1's share of B, over bsp: "
                   + "; ".join(f"{share} {iv(d)}" for share, d in c["static"].items()))
