@@ -142,7 +142,7 @@ impl Cost for Timed {
 /// What a policy keeps between iterations.
 struct Track {
     policy: SimPolicy,
-    balancer: Option<Balancer>,
+    split: Box<dyn Split>,
     sizes: Vec<usize>,
     times: Vec<f64>,
     /// Each rank's wall seconds of compute, and their stretch over its CPU seconds (1 but under a
@@ -432,19 +432,97 @@ fn expected_max(base: &[Timed], atoms: &[Vec<(f64, f64)>], sizes: &[usize]) -> f
     e
 }
 
+/// What an oracle is told of the iteration it splits, and of the run so far at its own clock.
+struct Truth<'a> {
+    known: &'a Known<'a>,
+    slices: &'a [Option<Slices>],
+    bounds: &'a [(usize, usize)],
+    clock: f64,
+    /// Each rank's stretch of wall over CPU time in the iteration before.
+    stretch: &'a [f64],
+}
+
+/// A policy of the simulator: the trainer's [`Policy`], which learns from the gathered
+/// observations, or an oracle, which is told the truth before it splits.
+trait Split: Policy {
+    /// Whether it learns from observations (an oracle ignores them).
+    fn learns(&self) -> bool {
+        true
+    }
+    /// Takes what it is told of the iteration before it splits it (nothing for a learning policy).
+    fn foresee(&mut self, _truth: &Truth) {}
+}
+
+/// bsp, proportional-epoch and lbbsp: the trainer's balancer.
+impl Split for Balancer {}
+
+/// What an oracle knows when it splits an iteration (see [`SimPolicy`]).
+#[derive(Debug, Clone, Copy)]
+enum Knows {
+    /// The true speeds of the iteration it splits.
+    Now,
+    /// The speeds a timing of the iteration before shows.
+    Before,
+    /// Each process's law and each rank's state one iteration late.
+    Laws,
+}
+
+/// An oracle: the split of what it is told, learning nothing from the observations.
+struct Oracle {
+    knows: Knows,
+    sizes: Vec<usize>,
+}
+
+impl Policy for Oracle {
+    fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    fn observe(&mut self, _obs: &[Observation]) {}
+}
+
+impl Split for Oracle {
+    fn learns(&self) -> bool {
+        false
+    }
+
+    fn foresee(&mut self, truth: &Truth) {
+        let (k, total) = (truth.known, self.sizes.iter().sum());
+        match self.knows {
+            Knows::Now => self.sizes.copy_from_slice(k.oracle),
+            Knows::Before => {
+                // The lines of the iteration before, stretched as that iteration's wall times were.
+                let seen: Vec<Line> = if k.t == 0 {
+                    k.lines.to_vec()
+                } else {
+                    k.before.iter().zip(truth.stretch).map(|(l, &s)| l.scaled(s)).collect()
+                };
+                self.sizes = equalize(&seen, total, truth.bounds);
+            }
+            Knows::Laws => {
+                let law = Law { atoms: k.atoms, sigma: k.sigma, stretch: truth.stretch };
+                self.sizes = bayes_split(&timed(k.base, truth.slices, truth.clock), &law, total, truth.bounds);
+            }
+        }
+    }
+}
+
 impl Track {
     fn new(policy: SimPolicy, cfg: &BalanceConfig, big_b: usize, n: usize, iterations: usize) -> Result<Track> {
-        let balancer = match policy {
-            SimPolicy::Lbbsp => Some(PolicyKind::Lbbsp),
-            SimPolicy::ProportionalEpoch => Some(PolicyKind::ProportionalEpoch),
-            _ => None,
-        }
-        .map(|p| Balancer::new(&BalanceConfig { policy: p, ..cfg.clone() }, big_b, n))
-        .transpose()?;
+        let learned = |kind| Balancer::new(&BalanceConfig { policy: kind, ..cfg.clone() }, big_b, n);
+        let sizes = equal_split(big_b, n);
+        let split: Box<dyn Split> = match policy {
+            SimPolicy::Bsp => Box::new(learned(PolicyKind::Bsp)?),
+            SimPolicy::Lbbsp => Box::new(learned(PolicyKind::Lbbsp)?),
+            SimPolicy::ProportionalEpoch => Box::new(learned(PolicyKind::ProportionalEpoch)?),
+            SimPolicy::Oracle => Box::new(Oracle { knows: Knows::Now, sizes: sizes.clone() }),
+            SimPolicy::LateOracle => Box::new(Oracle { knows: Knows::Before, sizes: sizes.clone() }),
+            SimPolicy::BayesOracle => Box::new(Oracle { knows: Knows::Laws, sizes: sizes.clone() }),
+        };
         Ok(Track {
             policy,
-            balancer,
-            sizes: equal_split(big_b, n),
+            split,
+            sizes,
             times: Vec::with_capacity(iterations),
             compute: vec![0.0; n],
             stretch: vec![1.0; n],
@@ -459,31 +537,11 @@ impl Track {
         })
     }
 
-    /// Sets the split of the iteration: the policy's own, or an oracle's from what it knows.
-    fn choose(&mut self, k: &Known, slices: &[Option<Slices>], bounds: &[(usize, usize)]) {
-        let total = self.sizes.iter().sum();
-        match self.policy {
-            // bsp keeps the equal split it starts with.
-            SimPolicy::Bsp => {}
-            SimPolicy::Oracle => self.sizes.copy_from_slice(k.oracle),
-            SimPolicy::LateOracle => {
-                // The speeds a timing shows: the lines of the iteration before, stretched as that
-                // iteration's wall times were.
-                let seen: Vec<Line> = if k.t == 0 {
-                    k.lines.to_vec()
-                } else {
-                    k.before.iter().zip(&self.stretch).map(|(l, &s)| l.scaled(s)).collect()
-                };
-                self.sizes = equalize(&seen, total, bounds);
-            }
-            SimPolicy::BayesOracle => {
-                let law = Law { atoms: k.atoms, sigma: k.sigma, stretch: &self.stretch };
-                self.sizes = bayes_split(&timed(k.base, slices, self.clock), &law, total, bounds);
-            }
-            SimPolicy::Lbbsp | SimPolicy::ProportionalEpoch => {
-                self.sizes.copy_from_slice(self.balancer.as_ref().expect("a balancing policy").sizes())
-            }
-        }
+    /// Sets the split of the iteration: the policy's own, after an oracle is told what it knows.
+    fn choose(&mut self, known: &Known, slices: &[Option<Slices>], bounds: &[(usize, usize)]) {
+        let truth = Truth { known, slices, bounds, clock: self.clock, stretch: &self.stretch };
+        self.split.foresee(&truth);
+        self.sizes.copy_from_slice(self.split.sizes());
     }
 
     /// Every rank's compute time at the current sizes, the idle and starvation accounting against
@@ -515,22 +573,23 @@ impl Track {
     /// A balancing policy observes the iteration (and the end of an epoch): each rank's wall
     /// time, and the CPU share it had (what the processes left it, less the frozen time).
     fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 2]], epoch_end: bool) {
-        if let Some(bal) = self.balancer.as_mut() {
-            for (i, o) in obs.iter_mut().enumerate() {
-                *o = Observation {
-                    batch: self.sizes[i],
-                    compute_s: self.compute[i],
-                    cpu_share: share[i] / self.stretch[i],
-                    preemptions: seen[i][0],
-                    // Every second a simulated rank is off the CPU, a process took.
-                    frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
-                    run_share: seen[i][1],
-                };
-            }
-            bal.observe(obs);
-            if epoch_end {
-                bal.end_epoch();
-            }
+        if !self.split.learns() {
+            return;
+        }
+        for (i, o) in obs.iter_mut().enumerate() {
+            *o = Observation {
+                batch: self.sizes[i],
+                compute_s: self.compute[i],
+                cpu_share: share[i] / self.stretch[i],
+                preemptions: seen[i][0],
+                // Every second a simulated rank is off the CPU, a process took.
+                frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
+                run_share: seen[i][1],
+            };
+        }
+        self.split.observe(obs);
+        if epoch_end {
+            self.split.end_epoch();
         }
     }
 }
