@@ -143,6 +143,7 @@ impl Cost for Timed {
 struct Track {
     policy: SimPolicy,
     split: Box<dyn Split>,
+    /// The split this iteration runs: the policy's own moves on once it has observed the iteration.
     sizes: Vec<usize>,
     times: Vec<f64>,
     /// Each rank's wall seconds of compute, and their stretch over its CPU seconds (1 but under a
@@ -453,8 +454,13 @@ trait Split: Policy {
     fn foresee(&mut self, _truth: &Truth) {}
 }
 
-/// bsp, proportional-epoch and lbbsp: the trainer's balancer.
-impl Split for Balancer {}
+/// bsp, proportional-epoch and lbbsp: the trainer's balancer (bsp's split never moves, so it
+/// is fed nothing).
+impl Split for Balancer {
+    fn learns(&self) -> bool {
+        self.config().policy != PolicyKind::Bsp
+    }
+}
 
 /// What an oracle knows when it splits an iteration (see [`SimPolicy`]).
 #[derive(Debug, Clone, Copy)]
@@ -510,19 +516,19 @@ impl Split for Oracle {
 impl Track {
     fn new(policy: SimPolicy, cfg: &BalanceConfig, big_b: usize, n: usize, iterations: usize) -> Result<Track> {
         let learned = |kind| Balancer::new(&BalanceConfig { policy: kind, ..cfg.clone() }, big_b, n);
-        let sizes = equal_split(big_b, n);
+        let told = |knows| Box::new(Oracle { knows, sizes: equal_split(big_b, n) });
         let split: Box<dyn Split> = match policy {
             SimPolicy::Bsp => Box::new(learned(PolicyKind::Bsp)?),
             SimPolicy::Lbbsp => Box::new(learned(PolicyKind::Lbbsp)?),
             SimPolicy::ProportionalEpoch => Box::new(learned(PolicyKind::ProportionalEpoch)?),
-            SimPolicy::Oracle => Box::new(Oracle { knows: Knows::Now, sizes: sizes.clone() }),
-            SimPolicy::LateOracle => Box::new(Oracle { knows: Knows::Before, sizes: sizes.clone() }),
-            SimPolicy::BayesOracle => Box::new(Oracle { knows: Knows::Laws, sizes: sizes.clone() }),
+            SimPolicy::Oracle => told(Knows::Now),
+            SimPolicy::LateOracle => told(Knows::Before),
+            SimPolicy::BayesOracle => told(Knows::Laws),
         };
         Ok(Track {
             policy,
             split,
-            sizes,
+            sizes: equal_split(big_b, n),
             times: Vec::with_capacity(iterations),
             compute: vec![0.0; n],
             stretch: vec![1.0; n],
