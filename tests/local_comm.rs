@@ -12,6 +12,9 @@ fn losses(path: &std::path::Path) -> Vec<f64> {
 
 #[test]
 fn three_thread_ranks_match_one_rank() {
+    // One thread per rank, as the mpirun tier pins them: the kernels' helper team is one per
+    // process, and thread ranks sharing its helpers would wait on each other's preemptions.
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(1).build_global();
     let dir = common::scratch("local");
     let recipe =
         lbbsp::train::recipe::resolve("digits-mlp", &["train.max_iters=60".into(), "balance.policy=lbbsp".into()])
