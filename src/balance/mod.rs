@@ -101,33 +101,23 @@ impl Default for BalanceConfig {
 impl BalanceConfig {
     /// Checks the values that do not depend on the world size.
     pub fn validate(&self) -> Result<()> {
-        if self.b_min == 0 {
-            return Err(Error::config(
-                "balance.b_min",
-                "must be at least 1 (a rank with no samples has no speed to measure)",
-            ));
+        let (why, lo) = ("must be at least 1 (a rank with no samples has no speed to measure)", self.b_min);
+        match self.b_max {
+            _ if lo == 0 => Err(Error::config("balance.b_min", why)),
+            Some(hi) if hi < lo => Err(Error::config("balance.b_max", format!("{hi} is below balance.b_min = {lo}"))),
+            _ => Ok(()),
         }
-        if let Some(hi) = self.b_max {
-            if hi < self.b_min {
-                return Err(Error::config("balance.b_max", format!("{hi} is below balance.b_min = {}", self.b_min)));
-            }
-        }
-        Ok(())
     }
 
     /// Per-rank bounds for `world` ranks, or an error naming the fix when no split of `B` exists.
     pub fn bounds(&self, global_batch: usize, world: usize) -> Result<Vec<(usize, usize)>> {
-        let hi = self.b_max.unwrap_or(global_batch).min(global_batch);
-        if global_batch < self.b_min * world {
-            return Err(Error::config(
-                "train.global_batch",
-                format!(
-                    "B = {global_batch} cannot give each of the {world} ranks at least balance.b_min = {} samples; \
-                     raise train.global_batch to at least {} or run fewer ranks",
-                    self.b_min,
-                    self.b_min * world
-                ),
-            ));
+        let (hi, lo, least) = (self.b_max.unwrap_or(global_batch).min(global_batch), self.b_min, self.b_min * world);
+        if global_batch < least {
+            let why = format!(
+                "B = {global_batch} cannot give each of the {world} ranks at least balance.b_min = {lo} \
+                               samples; raise train.global_batch to at least {least} or run fewer ranks"
+            );
+            return Err(Error::config("train.global_batch", why));
         }
         if hi * world < global_batch {
             return Err(Error::config(
@@ -135,7 +125,7 @@ impl BalanceConfig {
                 format!("{world} ranks × b_max {hi} < B = {global_batch}; raise balance.b_max or run more ranks"),
             ));
         }
-        Ok(vec![(self.b_min, hi); world])
+        Ok(vec![(lo, hi); world])
     }
 }
 
@@ -211,6 +201,10 @@ const EM_STEPS: usize = 20;
 const SIGNIFICANCE: f64 = 2.0;
 const MIN_GAIN: f64 = 0.005;
 
+/// Forgetting of the splits' overruns (about fifty iterations), and the prior weight of none.
+const SURPRISE_FORGETTING: f64 = 0.98;
+const SURPRISE_PRIOR: f64 = 2.0;
+
 /// A hedge gives no rank less than this share of the mean plan's size for it (the model's
 /// equal-time share; below half of that a rank is starved).
 const FLOOR: f64 = 0.6;
@@ -247,6 +241,14 @@ pub struct Balancer {
     shocks: [f64; 2],
     /// That probability for the next iteration.
     independent: f64,
+    /// The expected slowest time of the split the last decision chose, and whether that split was
+    /// a move (not the equal split).
+    #[serde(default)]
+    chosen: Option<(f64, bool)>,
+    /// For the equal split and for moves: forgotten sums of `ln(slowest / expected)` and their
+    /// weights.
+    #[serde(default)]
+    surprise: [[f64; 2]; 2],
 }
 
 /// A rank's predictive law of its next log time per sample: its two regimes' (probability,
@@ -314,6 +316,8 @@ impl Balancer {
             next_onset: 0,
             shocks: [0.0; 2],
             independent: 0.0,
+            chosen: None,
+            surprise: [[0.0; 2]; 2],
         })
     }
 
@@ -364,18 +368,11 @@ impl Balancer {
         let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
         let jumps = self.jumps();
         let (bases, lifts) = self.levels();
-        bases
-            .iter()
-            .zip(&self.ranks)
-            .enumerate()
-            .map(|(i, (&base, r))| {
-                let atoms = match lifts[i] {
-                    Some(l) => [(1.0 - off[i], base + l), (off[i], base)],
-                    None => [(1.0 - on[i], base), (on[i], base + jumps[i])],
-                };
-                (atoms, r.noise())
-            })
-            .collect()
+        let atoms = |i: usize| match lifts[i] {
+            Some(l) => [(1.0 - off[i], bases[i] + l), (off[i], bases[i])],
+            None => [(1.0 - on[i], bases[i]), (on[i], bases[i] + jumps[i])],
+        };
+        self.ranks.iter().enumerate().map(|(i, r)| (atoms(i), r.noise())).collect()
     }
 
     /// Each rank's lift at an onset: its own onsets' mean shrunk towards the last shocks' median.
@@ -383,14 +380,11 @@ impl Balancer {
         let median = self.median_onset();
         let n = self.onsets.len().max(1) as f64;
         let spread = self.onsets.iter().map(|j| (j - median) * (j - median)).sum::<f64>() / n;
-        let (own, var): (Vec<f64>, Vec<f64>) = self
-            .ranks
-            .iter()
-            .map(|r| match r.jump() {
-                (j, c) if c >= 1.0 => (j, spread / c),
-                _ => (median, 0.0),
-            })
-            .unzip();
+        let own = |r: &RankModel| match r.jump() {
+            (j, c) if c >= 1.0 => (j, spread / c),
+            _ => (median, 0.0),
+        };
+        let (own, var): (Vec<f64>, Vec<f64>) = self.ranks.iter().map(own).unzip();
         shrunk(&own, &var)
     }
 
@@ -471,7 +465,7 @@ impl Balancer {
     /// The decision: in order, a candidate replaces the best so far (the equal split first) only
     /// for a gain over the same draws above [`SIGNIFICANCE`] standard errors and [`MIN_GAIN`].
     /// Also returns the probability of some onset were onsets independent.
-    fn decide(&self) -> (Vec<usize>, f64) {
+    fn decide(&mut self) -> (Vec<usize>, f64) {
         let rho = self.shape.rho();
         let laws = self.laws();
         let windows: Vec<(f64, f64)> = self.freezes.iter().map(Freezes::windows).collect();
@@ -485,7 +479,8 @@ impl Balancer {
                 .map(|(row, phases)| iteration(row, phases, sizes, rho, &windows))
                 .collect()
         };
-        let mut best = (slowest(&candidates[0]), 0);
+        let equal = slowest(&candidates[0]);
+        let mut best = (equal.clone(), 0);
         for (k, c) in candidates.iter().enumerate().skip(1) {
             let times = slowest(c);
             let gains: Vec<f64> = best.0.iter().zip(&times).map(|(a, b)| a - b).collect();
@@ -497,7 +492,24 @@ impl Balancer {
                 best = (times, k);
             }
         }
-        (candidates.swap_remove(best.1), independent)
+        // The winner's curse: the best of several estimates is their most optimistic one, so a
+        // move realises less than it expects. Its gain counts only beyond how much more than the
+        // equal split's its iterations have overrun what was expected of them.
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let (t_eq, t_best) = (mean(&equal), mean(&best.0));
+        let bias = |k: usize| self.surprise[k][0] / (self.surprise[k][1] + SURPRISE_PRIOR);
+        let moved = best.1 != 0 && (t_eq / t_best).ln() - (bias(1) - bias(0)).max(0.0) > MIN_GAIN;
+        self.chosen = Some(if moved { (t_best, true) } else { (t_eq, false) });
+        (candidates.swap_remove(if moved { best.1 } else { 0 }), independent)
+    }
+
+    /// Learns how the last decision's split overran what it expected: `slowest` is the iteration's.
+    fn surprised(&mut self, slowest: f64) {
+        if let Some((expected, moved)) = self.chosen.take().filter(|_| slowest > 0.0 && slowest.is_finite()) {
+            self.surprise.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
+            let s = &mut self.surprise[usize::from(moved)];
+            *s = [s[0] + (slowest / expected).ln(), s[1] + 1.0];
+        }
     }
 }
 
@@ -540,12 +552,14 @@ impl Policy for Balancer {
                 for (f, o) in self.freezes.iter_mut().zip(obs) {
                     f.observe(o);
                 }
+                let times: Vec<f64> = obs.iter().zip(&self.freezes).map(|(o, f)| f.smoothed(o)).collect();
+                self.surprised(times.iter().copied().fold(0.0, f64::max));
                 let mut jumps: Vec<f64> = self
                     .ranks
                     .iter_mut()
                     .zip(obs)
-                    .zip(&self.freezes)
-                    .filter_map(|((r, o), f)| r.observe(o.batch, f.smoothed(o), rho))
+                    .zip(&times)
+                    .filter_map(|((r, o), &t)| r.observe(o.batch, t, rho))
                     .collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.
@@ -613,6 +627,28 @@ mod tests {
         }
         // 3× slower with the fixed cost (10 samples' worth) stretched alike: 3·(10 + b₁) = 10 + b₀.
         assert!(bal.sizes()[1].abs_diff(59) <= 2, "{:?}", bal.sizes());
+    }
+
+    /// A move goes ahead only for the gain it expects beyond how much more moves than the equal
+    /// split have overrun their expected slowest time: a model whose moves overran by 10% keeps
+    /// the equal split against a rank 5% slower.
+    #[test]
+    fn moves_that_overran_their_expectations_are_held_back() {
+        let mut bal = lbbsp(256, 2);
+        for _ in 0..30 {
+            let obs: Vec<Observation> = bal
+                .sizes()
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| Observation::new(b, (1.0 + 0.05 * i as f64) * 1e-5 * b as f64))
+                .collect();
+            bal.observe(&obs);
+        }
+        assert!(bal.sizes()[1] < 126, "a rank 5% slower sheds samples: {:?}", bal.sizes());
+        bal.surprise = [[0.0, 20.0], [20.0 * 1.1f64.ln(), 20.0]];
+        assert_eq!(bal.decide().0, vec![128, 128]);
+        bal.surprise = [[20.0 * 1.1f64.ln(), 20.0]; 2];
+        assert_ne!(bal.decide().0, vec![128, 128], "overruns alike for both leave the move");
     }
 
     /// Alike ranks with ±4% noise keep the equal split: no candidate is expected faster by more
