@@ -115,7 +115,7 @@ impl BalanceConfig {
         if global_batch < least {
             let why = format!(
                 "B = {global_batch} cannot give each of the {world} ranks at least balance.b_min = {lo} \
-                               samples; raise train.global_batch to at least {least} or run fewer ranks"
+                 samples; raise train.global_batch to at least {least} or run fewer ranks"
             );
             return Err(Error::config("train.global_batch", why));
         }
@@ -613,18 +613,19 @@ mod tests {
         assert!(e.contains("balance.b_max"), "{e}");
     }
 
+    /// Feeds `bal` 30 iterations in which rank `i` computes `b` samples in `time(i, b)` seconds.
+    fn fed(bal: &mut Balancer, time: impl Fn(usize, usize) -> f64) {
+        for _ in 0..30 {
+            let obs: Vec<Observation> =
+                bal.sizes().iter().enumerate().map(|(i, &b)| Observation::new(b, time(i, b))).collect();
+            bal.observe(&obs);
+        }
+    }
+
     #[test]
     fn a_slower_rank_gets_its_equal_time_share() {
         let mut bal = lbbsp(256, 2);
-        for _ in 0..30 {
-            let obs: Vec<Observation> = bal
-                .sizes()
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| Observation::new(b, (1.0 + 2.0 * i as f64) * (1e-4 + 1e-5 * b as f64)))
-                .collect();
-            bal.observe(&obs);
-        }
+        fed(&mut bal, |i, b| (1.0 + 2.0 * i as f64) * (1e-4 + 1e-5 * b as f64));
         // 3× slower with the fixed cost (10 samples' worth) stretched alike: 3·(10 + b₁) = 10 + b₀.
         assert!(bal.sizes()[1].abs_diff(59) <= 2, "{:?}", bal.sizes());
     }
@@ -635,15 +636,7 @@ mod tests {
     #[test]
     fn moves_that_overran_their_expectations_are_held_back() {
         let mut bal = lbbsp(256, 2);
-        for _ in 0..30 {
-            let obs: Vec<Observation> = bal
-                .sizes()
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| Observation::new(b, (1.0 + 0.05 * i as f64) * 1e-5 * b as f64))
-                .collect();
-            bal.observe(&obs);
-        }
+        fed(&mut bal, |i, b| (1.0 + 0.05 * i as f64) * 1e-5 * b as f64);
         assert!(bal.sizes()[1] < 126, "a rank 5% slower sheds samples: {:?}", bal.sizes());
         bal.surprise = [[0.0, 20.0], [20.0 * 1.1f64.ln(), 20.0]];
         assert_eq!(bal.decide().0, vec![128, 128]);
