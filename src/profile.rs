@@ -186,6 +186,11 @@ pub struct CpuSample {
     /// (summed over threads; 0 without a mark or a measure): the frozen part of the time off the
     /// CPU, where a sleep is not.
     pub frozen_s: f64,
+    /// Wall seconds of the interval, ending after the CPU clock's read. That read is where a
+    /// CPU quota spent by work without system calls takes effect (the kernel accounts the run
+    /// time there and throttles on the way back), so a freeze the work ran into falls inside the
+    /// interval, alike for the CPU share, the waits and this.
+    pub wall_s: f64,
 }
 
 impl CpuSampler {
@@ -268,6 +273,7 @@ impl CpuSampler {
             },
             preemptions: if frozen_s.is_some() { preempted - self.preempted } else { 0.0 },
             frozen_s: frozen_s.unwrap_or(0.0),
+            wall_s: dt,
         };
         (self.own, self.wall, self.preempted) = (own, wall, preempted);
         s

@@ -172,9 +172,13 @@ impl<'a> Run<'a> {
         let mode = Mode { train: true, seed: self.recipe.train.seed, epoch: epoch as u64 };
         let local = self.model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
         stretch(&self.recipe.runtime.slowdown, rank, iter, t0.elapsed());
-        // Timed before the sample, whose reads of `/proc` are no part of the compute.
-        let compute_s = t0.elapsed().as_secs_f64();
+        // Timed by the sample's interval, which ends after its read of the CPU clock: a CPU quota
+        // that the compute spent freezes the rank there, and the compute's time, share and frozen
+        // seconds then describe the same seconds. Timed before the sample, a quota's 1 ms freeze
+        // fell outside a 1 ms compute that its share and waits still counted, and the rank looked
+        // twice as fast per CPU second as it was.
         let cpu = self.sampler.sample();
+        let compute_s = cpu.wall_s;
         let mine = RankStats {
             batch: slice.len(),
             compute_s,
