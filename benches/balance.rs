@@ -1,4 +1,4 @@
-//! One balancing step (every rank's model updated, the candidate splits drawn and judged) at 8, 64,
+//! One balancing step (every rank's model updated, the candidate splits drawn and judged) at 2, 8, 64,
 //! 1,024 and 10,000 ranks.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 fn balance_step(c: &mut Criterion) {
     let mut g = c.benchmark_group("balance_step");
-    for &ranks in &[8usize, 64, 1024, 10_000] {
+    for &ranks in &[2usize, 8, 64, 1024, 10_000] {
         let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() };
         let global = 64 * ranks;
         let mut bal = Balancer::new(&cfg, global, ranks).unwrap();
