@@ -92,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                     preemptions: s.preemptions,
                     frozen_s: s.frozen_s,
                     run_share: s.prev_run_share,
+                    transfer_s: s.prev_sync.comm_s,
                 })
                 .collect();
             balancer.observe(&obs);

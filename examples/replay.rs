@@ -22,6 +22,8 @@ fn main() -> anyhow::Result<()> {
                     .copied()
                     .unwrap_or_else(|| off_cpu_s(r.compute_s[k], r.cpu_share.get(k).copied().unwrap_or(1.0))),
                 run_share: r.run_share.get(k).copied().unwrap_or(0.0),
+                // A record's transfers are its own collective's: the observation's, one late.
+                transfer_s: 0.0,
             })
             .collect();
         bal.observe(&obs);

@@ -55,12 +55,17 @@ pub struct Observation {
     /// The share of wall time the rank ran in its previous iteration, compute and collective (0
     /// when it has no measure).
     pub run_share: f64,
+    /// Seconds of its previous collective spent moving data rather than waiting for slower ranks
+    /// (0 when it has no measure).
+    #[serde(default)]
+    pub transfer_s: f64,
 }
 
 impl Observation {
     /// An observation without a CPU share measure.
     pub fn new(batch: usize, compute_s: f64) -> Observation {
-        Observation { batch, compute_s, cpu_share: 1.0, preemptions: 0.0, frozen_s: 0.0, run_share: 0.0 }
+        let z = 0.0;
+        Observation { batch, compute_s, cpu_share: 1.0, preemptions: z, frozen_s: z, run_share: z, transfer_s: z }
     }
 }
 
@@ -249,6 +254,10 @@ pub struct Balancer {
     /// weights.
     #[serde(default)]
     surprise: [[f64; 2]; 2],
+    /// The collective's own transfer: the least of the iterations' shortest transfers of any rank,
+    /// forgotten by growing [`TRANSFER_CREEP`] an iteration (one that a freeze stretched is longer).
+    #[serde(default)]
+    transfer: f64,
 }
 
 /// A rank's predictive law of its next log time per sample: its two regimes' (probability,
@@ -263,9 +272,11 @@ fn mean_time((atoms, sigma): &Law) -> f64 {
 
 /// One drawn iteration's seconds: every rank's time `x·(ρ + b)`; at a rank that freezes in windows
 /// (`L > 0`), its CPU part `a` of it runs from the drawn phase `u` of its windows and every window
-/// met adds `L`; then the collective waits for every such rank to be running (it busy-polls while
-/// it waits, so a quota or a hog freezes it there as well).
-fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[(f64, f64)]) -> f64 {
+/// met adds `L`; then the collective needs every such rank running for its `transfer` seconds (it
+/// busy-polls while it waits, so a quota or a hog freezes it there as well): it waits for a
+/// frozen rank's window, and a window that closes before the transfer is done adds a freeze. The
+/// transfer itself, the same for every split, is left out.
+fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[(f64, f64)], transfer: f64) -> f64 {
     let mut end = 0.0f64;
     for (((x, &b), &(length, a)), &u) in row.iter().zip(sizes).zip(windows).zip(phases) {
         let t = x * (rho + b as f64);
@@ -281,9 +292,8 @@ fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[
         if length > 0.0 && a < 1.0 {
             let running = length * a / (1.0 - a);
             let at = (u * running + end) % (running + length);
-            if at >= running {
-                stall = stall.max(running + length - at);
-            }
+            let (wait, at) = if at >= running { (running + length - at, 0.0) } else { (0.0, at) };
+            stall = stall.max(wait + length * (((at + transfer) / running).ceil() - 1.0).max(0.0));
         }
     }
     end + stall
@@ -293,6 +303,9 @@ fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[
 fn per_sample_line(x: f64, rho: f64) -> Line {
     Line { alpha: x * rho, beta: x }
 }
+
+/// How fast the transfer's least value is forgotten: 1% an iteration.
+const TRANSFER_CREEP: f64 = 1.01;
 
 /// Shocks whose lifts are kept, pooled over the ranks.
 const ONSETS_KEPT: usize = 32;
@@ -318,6 +331,7 @@ impl Balancer {
             independent: 0.0,
             chosen: None,
             surprise: [[0.0; 2]; 2],
+            transfer: 0.0,
         })
     }
 
@@ -471,13 +485,9 @@ impl Balancer {
         let windows: Vec<(f64, f64)> = self.freezes.iter().map(Freezes::windows).collect();
         let (level, phase, independent) = self.draws(&laws, &windows);
         let mut candidates = self.candidates(&laws, rho);
+        let (n, transfer) = (laws.len(), self.transfer);
         let slowest = |sizes: &[usize]| -> Vec<f64> {
-            let n = sizes.len();
-            level
-                .chunks(n)
-                .zip(phase.chunks(n))
-                .map(|(row, phases)| iteration(row, phases, sizes, rho, &windows))
-                .collect()
+            level.chunks(n).zip(phase.chunks(n)).map(|(x, u)| iteration(x, u, sizes, rho, &windows, transfer)).collect()
         };
         let equal = slowest(&candidates[0]);
         let mut best = (equal.clone(), 0);
@@ -552,6 +562,11 @@ impl Policy for Balancer {
                 for (f, o) in self.freezes.iter_mut().zip(obs) {
                     f.observe(o);
                 }
+                let shortest = obs.iter().map(|o| o.transfer_s).filter(|t| *t > 0.0).fold(f64::INFINITY, f64::min);
+                if shortest.is_finite() {
+                    let crept = if self.transfer > 0.0 { self.transfer * TRANSFER_CREEP } else { shortest };
+                    self.transfer = shortest.min(crept);
+                }
                 let times: Vec<f64> = obs.iter().zip(&self.freezes).map(|(o, f)| f.smoothed(o)).collect();
                 self.surprised(times.iter().copied().fold(0.0, f64::max));
                 let mut jumps: Vec<f64> = self
@@ -566,10 +581,9 @@ impl Policy for Balancer {
                 if !jumps.is_empty() {
                     let mid = jumps.len() / 2;
                     let jump = *jumps.select_nth_unstable_by(mid, f64::total_cmp).1;
-                    if self.onsets.len() < ONSETS_KEPT {
-                        self.onsets.push(jump);
-                    } else {
-                        self.onsets[self.next_onset] = jump;
+                    match self.onsets.get_mut(self.next_onset) {
+                        Some(kept) => *kept = jump,
+                        None => self.onsets.push(jump),
                     }
                     self.next_onset = (self.next_onset + 1) % ONSETS_KEPT;
                 }
@@ -684,6 +698,7 @@ mod tests {
                         preemptions: 0.0,
                         frozen_s: 0.0,
                         run_share: 0.0,
+                        transfer_s: 0.0,
                     }
                 })
                 .collect();
@@ -732,6 +747,7 @@ mod tests {
                     preemptions: freezes,
                     frozen_s: wall1 - cpu(b1),
                     run_share: whole,
+                    transfer_s: 0.0,
                 },
             ];
             // The share over this iteration, which the next one reports.

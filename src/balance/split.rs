@@ -79,8 +79,7 @@ pub fn equalize(lines: &[Line], total: usize, bounds: &[(usize, usize)]) -> Vec<
 pub fn equalize_by<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
     let n = lines.len();
     assert_eq!(bounds.len(), n);
-    let lo_sum: usize = bounds.iter().map(|b| b.0).sum();
-    let hi_sum: usize = bounds.iter().map(|b| b.1).sum();
+    let (lo_sum, hi_sum) = bounds.iter().fold((0, 0), |s, b| (s.0 + b.0, s.1 + b.1));
     assert!(lo_sum <= total && total <= hi_sum, "no split of {total} within the bounds");
     let t_lo = finishing_time(lines, total, bounds);
     let at = |t: f64, i: usize| lines[i].size_at(t).clamp(bounds[i].0 as f64, bounds[i].1 as f64);
@@ -132,12 +131,8 @@ fn finishing_time<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)])
         let (mut sum, mut slope) = (0.0, 0.0);
         for (l, &(lo, hi)) in lines.iter().zip(bounds) {
             let raw = l.size_at(t);
-            if raw <= lo as f64 {
-                sum += lo as f64;
-            } else if raw >= hi as f64 {
-                sum += hi as f64;
-            } else {
-                sum += raw;
+            sum += raw.clamp(lo as f64, hi as f64);
+            if raw > lo as f64 && raw < hi as f64 {
                 slope += l.rate_at(t);
             }
         }

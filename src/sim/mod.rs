@@ -249,7 +249,7 @@ pub fn simulate(
             let whole = run_shares(&slices, tr.clock, took);
             tr.clock += took;
             let seen = tr.reported(&cluster.measured);
-            tr.observe(&mut obs, &share, &seen, (t + 1) % scenario.epoch_iters == 0);
+            tr.observe(&mut obs, &share, &seen, comm_s, (t + 1) % scenario.epoch_iters == 0);
             tr.run_share = whole;
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
@@ -578,7 +578,7 @@ impl Track {
 
     /// A balancing policy observes the iteration (and the end of an epoch): each rank's wall
     /// time, and the CPU share it had (what the processes left it, less the frozen time).
-    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 2]], epoch_end: bool) {
+    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 2]], transfer: f64, epoch_end: bool) {
         if !self.split.learns() {
             return;
         }
@@ -591,6 +591,7 @@ impl Track {
                 // Every second a simulated rank is off the CPU, a process took.
                 frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
                 run_share: seen[i][1],
+                transfer_s: transfer,
             };
         }
         self.split.observe(obs);

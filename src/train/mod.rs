@@ -208,6 +208,7 @@ impl<'a> Run<'a> {
             preemptions: s.preemptions,
             frozen_s: s.frozen_s / threads,
             run_share: s.prev_run_share / threads,
+            transfer_s: s.prev_sync.comm_s,
         }));
         self.balancer.observe(&self.obs);
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
