@@ -48,6 +48,8 @@ pub struct Calibration {
     pub line: Line,
     /// Mean seconds of an iteration after its slowest rank's compute.
     pub fixed_s: f64,
+    /// The least transfer any rank recorded of a collective (None where none did).
+    pub transfer_s: Option<f64>,
     /// Rank-iterations the line was fitted on, and whether they were the uncontended ones.
     pub fitted_on: usize,
     pub uncontended: bool,
@@ -141,6 +143,8 @@ pub fn calibrate(path: &Path) -> Result<Calibration> {
         .ok_or_else(|| Error::data(path, "no rank timed a positive batch: there is no compute line to fit"))?;
     let outside = records.iter().map(|r| r.iter_s - r.compute_s.iter().copied().fold(0.0, f64::max));
     let fixed_s = (outside.sum::<f64>() / records.len() as f64).max(0.0);
+    let least =
+        records.iter().flat_map(|r| r.comm_s.iter().copied()).filter(|t| *t > 0.0).fold(f64::INFINITY, f64::min);
     let epoch_iters = records.iter().take_while(|r| r.epoch == first.epoch).count();
     Ok(Calibration {
         // The scenario names the trace from wherever it is written.
@@ -151,6 +155,7 @@ pub fn calibrate(path: &Path) -> Result<Calibration> {
         epoch_iters,
         line,
         fixed_s,
+        transfer_s: least.is_finite().then_some(least),
         fitted_on,
         uncontended,
         slowdowns: slowdowns(&records, &line),
@@ -190,7 +195,13 @@ impl Calibration {
             epoch_iters: self.epoch_iters.max(1),
             seed: 0,
             compute: Compute { alpha_s: self.line.alpha, beta_s: self.line.beta, noise: 0.0, speeds: Speeds::Equal },
-            comm: Comm { latency_s: 0.0, bytes: 0.0, fixed_s: self.fixed_s, ..Comm::default() },
+            comm: Comm {
+                latency_s: 0.0,
+                bytes: 0.0,
+                fixed_s: self.fixed_s,
+                transfer_s: self.transfer_s,
+                ..Comm::default()
+            },
             interference: vec![interference],
         }
     }

@@ -198,6 +198,7 @@ pub fn simulate(
     let mut cluster = Cluster::new(scenario, n)?;
     let bounds = cfg.bounds(big_b, n)?;
     let comm_s = scenario.comm.seconds(n);
+    let transfer = scenario.comm.transfer_s.unwrap_or(comm_s);
     let mut tracks: Vec<Track> =
         SimPolicy::ALL.iter().map(|&p| Track::new(p, cfg, big_b, n, scenario.iterations)).collect::<Result<_>>()?;
     let (alpha, beta, sigma) = (scenario.compute.alpha_s, scenario.compute.beta_s, scenario.compute.noise);
@@ -249,7 +250,7 @@ pub fn simulate(
             let whole = run_shares(&slices, tr.clock, took);
             tr.clock += took;
             let seen = tr.reported(&cluster.measured);
-            tr.observe(&mut obs, &share, &seen, comm_s, (t + 1) % scenario.epoch_iters == 0);
+            tr.observe(&mut obs, &share, &seen, transfer, (t + 1) % scenario.epoch_iters == 0);
             tr.run_share = whole;
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
@@ -773,7 +774,14 @@ bytes = 0.0
 
     #[test]
     fn alpha_beta_allreduce_costs() {
-        let c = |algorithm| Comm { algorithm, latency_s: 1e-6, bandwidth_bytes_per_s: 1e9, bytes: 4e6, fixed_s: 0.0 };
+        let c = |algorithm| Comm {
+            algorithm,
+            latency_s: 1e-6,
+            bandwidth_bytes_per_s: 1e9,
+            bytes: 4e6,
+            fixed_s: 0.0,
+            transfer_s: None,
+        };
         // Ring: 2(N−1) steps of bytes/N; tree: 2⌈log2 N⌉ steps of the whole buffer.
         assert!((c(CommAlgorithm::Ring).seconds(4) - 6.0 * (1e-6 + 1e-3)).abs() < 1e-15);
         assert!((c(CommAlgorithm::Tree).seconds(4) - 4.0 * (1e-6 + 4e-3)).abs() < 1e-15);

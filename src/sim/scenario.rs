@@ -89,6 +89,11 @@ pub struct Comm {
     /// optimizer step, the balancer, bookkeeping). A calibrated replay (`lbbsp simulate
     /// --calibrate`) puts all it measured after the slowest rank's compute here.
     pub fixed_s: f64,
+    /// Seconds each rank reports of its collective's transfer, which the balancer takes for the
+    /// collective's own; unset, the allreduce's and `fixed_s`. A calibrated replay sets the least
+    /// transfer its run recorded, so that its balancer is told what the recorded one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_s: Option<f64>,
 }
 
 impl Default for Comm {
@@ -99,6 +104,7 @@ impl Default for Comm {
             bandwidth_bytes_per_s: 1e10,
             bytes: 2.1e6,
             fixed_s: 0.0,
+            transfer_s: None,
         }
     }
 }
@@ -412,6 +418,9 @@ impl Scenario {
         }
         if !(s.compute.alpha_s >= 0.0 && s.compute.noise >= 0.0 && s.compute.noise < 0.5) {
             return Err(err("`compute.alpha_s` must be ≥ 0 and `compute.noise` in [0, 0.5)".into()));
+        }
+        if let Some(t) = s.comm.transfer_s.filter(|t| !(*t >= 0.0 && t.is_finite())) {
+            return Err(err(format!("`comm.transfer_s` must be a finite number of seconds ≥ 0, got {t}")));
         }
         if !(s.comm.fixed_s >= 0.0 && s.comm.fixed_s.is_finite()) {
             return Err(err(format!("`comm.fixed_s` must be a finite number of seconds ≥ 0, got {}", s.comm.fixed_s)));
