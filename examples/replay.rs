@@ -8,7 +8,7 @@ fn main() -> anyhow::Result<()> {
     let world = recs[0].batch_sizes.len();
     let cfg = BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() };
     let mut bal = Balancer::new(&cfg, recs[0].global_batch, world)?;
-    for r in &recs {
+    for (i, r) in recs.iter().enumerate() {
         let obs: Vec<Observation> = (0..world)
             .map(|k| Observation {
                 batch: r.batch_sizes[k],
@@ -22,8 +22,9 @@ fn main() -> anyhow::Result<()> {
                     .copied()
                     .unwrap_or_else(|| off_cpu_s(r.compute_s[k], r.cpu_share.get(k).copied().unwrap_or(1.0))),
                 run_share: r.run_share.get(k).copied().unwrap_or(0.0),
-                // A record's transfers are its own collective's: the observation's, one late.
-                transfer_s: 0.0,
+                // A record's transfers are its own collective's; the trainer's balancer is told
+                // them one iteration late, with the next iteration's observations.
+                transfer_s: i.checked_sub(1).and_then(|j| recs[j].comm_s.get(k)).copied().unwrap_or(0.0),
             })
             .collect();
         bal.observe(&obs);
