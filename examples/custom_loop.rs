@@ -16,6 +16,7 @@ use lbbsp::dist::mpi::Mpi;
 use lbbsp::dist::sync::{GradSync, RankStats};
 use lbbsp::profile::CpuSampler;
 use lbbsp::shard::{slice_for, EpochPlan};
+use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
     let comm = Mpi::init()?;
@@ -36,6 +37,7 @@ fn main() -> anyhow::Result<()> {
     let mut cpu = CpuSampler::new();
     let mut local_grad = vec![0.0f32; d];
     let mut sync = GradSync::new(d, world);
+    let mut last_balance_s = 0.0;
 
     for epoch in 0..3 {
         let plan = EpochPlan::new(n, global_batch, 1, epoch);
@@ -71,6 +73,8 @@ fn main() -> anyhow::Result<()> {
                 cpu_share: s.cpu_share,
                 preemptions: s.preemptions,
                 frozen_s: s.frozen_s,
+                // What its balancer's last step took: how often a decision is worth its time.
+                prev_balance_s: last_balance_s,
                 ..RankStats::default()
             };
 
@@ -82,20 +86,11 @@ fn main() -> anyhow::Result<()> {
             }
             // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split
             // everywhere.
-            let obs: Vec<Observation> = sync
-                .stats
-                .iter()
-                .map(|s| Observation {
-                    batch: s.batch,
-                    compute_s: s.compute_s,
-                    cpu_share: s.cpu_share,
-                    preemptions: s.preemptions,
-                    frozen_s: s.frozen_s,
-                    run_share: s.prev_run_share,
-                    transfer_s: s.prev_sync.comm_s,
-                })
-                .collect();
+            // (its CPU measures per core of the one thread each rank computes on).
+            let obs: Vec<Observation> = sync.stats.iter().map(|s| s.observation(1)).collect();
+            let balancing = Instant::now();
             balancer.observe(&obs);
+            last_balance_s = balancing.elapsed().as_secs_f64();
             if rank == 0 && t == plan.iterations() - 1 {
                 let loss = sync.stats.iter().map(|s| s.loss_sum).sum::<f64>() / batch.len() as f64;
                 println!(

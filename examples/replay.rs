@@ -25,6 +25,7 @@ fn main() -> anyhow::Result<()> {
                 // A record's transfers are its own collective's; the trainer's balancer is told
                 // them one iteration late, with the next iteration's observations.
                 transfer_s: i.checked_sub(1).and_then(|j| recs[j].comm_s.get(k)).copied().unwrap_or(0.0),
+                balance_s: r.balance_s.get(k).copied().unwrap_or(0.0),
             })
             .collect();
         bal.observe(&obs);

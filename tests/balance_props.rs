@@ -198,6 +198,7 @@ proptest! {
                     frozen_s: 0.0,
                     run_share: 0.0,
                     transfer_s: 0.0,
+                    balance_s: 0.0,
                 })
                 .collect();
             bal.observe(&obs);

@@ -40,7 +40,7 @@ impl PolicyKind {
 }
 
 /// What a policy sees of one rank's iteration.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
     pub batch: usize,
     /// Seconds of forward + backward, waiting excluded.
@@ -59,13 +59,16 @@ pub struct Observation {
     /// (0 when it has no measure).
     #[serde(default)]
     pub transfer_s: f64,
+    /// Seconds the rank's previous balancing step took, its decision included (0 when it has no
+    /// measure): what a decision costs, which decides how often one is worth taking.
+    #[serde(default)]
+    pub balance_s: f64,
 }
 
 impl Observation {
     /// An observation without a CPU share measure.
     pub fn new(batch: usize, compute_s: f64) -> Observation {
-        let z = 0.0;
-        Observation { batch, compute_s, cpu_share: 1.0, preemptions: z, frozen_s: z, run_share: z, transfer_s: z }
+        Observation { batch, compute_s, cpu_share: 1.0, ..Default::default() }
     }
 }
 
@@ -124,11 +127,9 @@ impl BalanceConfig {
             );
             return Err(Error::config("train.global_batch", why));
         }
+        let why = format!("{world} ranks × b_max {hi} < B = {global_batch}; raise balance.b_max or run more ranks");
         if hi * world < global_batch {
-            return Err(Error::config(
-                "balance.b_max",
-                format!("{world} ranks × b_max {hi} < B = {global_batch}; raise balance.b_max or run more ranks"),
-            ));
+            return Err(Error::config("balance.b_max", why));
         }
         Ok(vec![(lo, hi); world])
     }
@@ -157,11 +158,7 @@ fn shock_rate(p: &[f64], some: f64) -> f64 {
     let (mut lo, mut hi) = (lowest.max(some), 1.0);
     for _ in 0..40 {
         let mid = 0.5 * (lo + hi);
-        if any(mid) < some {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
+        (lo, hi) = if any(mid) < some { (mid, hi) } else { (lo, mid) };
     }
     hi
 }
@@ -220,18 +217,22 @@ fn draws_for(n: usize) -> usize {
     (64 * 2048 / n.max(1)).clamp(16, 64)
 }
 
+/// Phases of the windows each draw is averaged over (where some rank freezes in windows).
+const PHASES: usize = 4;
+
 /// The common quantiles the hedges plan at, with the standard normal's quantile at each.
 const QUANTILES: [(f64, f64); 5] = [(0.5, 0.0), (0.75, 0.6745), (0.9, 1.2816), (0.97, 1.8808), (0.99, 2.3263)];
 
 /// The balancer of one run: bsp, proportional-epoch or lbbsp (see the module docs).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+// A checkpoint from before a field was added has none: it starts from its default.
+#[serde(default)]
 pub struct Balancer {
     cfg: BalanceConfig,
     global_batch: usize,
     bounds: Vec<(usize, usize)>,
     sizes: Vec<usize>,
     ranks: Vec<RankModel>,
-    #[serde(default)]
     freezes: Vec<Freezes>,
     shape: Shape,
     /// Observations seen, the warm-up's included.
@@ -248,16 +249,18 @@ pub struct Balancer {
     independent: f64,
     /// The expected slowest time of the split the last decision chose, and whether that split was
     /// a move (not the equal split).
-    #[serde(default)]
     chosen: Option<(f64, bool)>,
     /// For the equal split and for moves: forgotten sums of `ln(slowest / expected)` and their
     /// weights.
-    #[serde(default)]
     surprise: [[f64; 2]; 2],
     /// The collective's own transfer: the least of the iterations' shortest transfers of any rank,
     /// forgotten by growing [`TRANSFER_CREEP`] an iteration (one that a freeze stretched is longer).
-    #[serde(default)]
     transfer: f64,
+    /// What a decision costs: the least of the slowest rank's balancing steps that decided,
+    /// forgotten as the transfer is.
+    cost: f64,
+    /// Whether the last step decided, and the slowest seconds of the iterations since one did.
+    since: (bool, f64),
 }
 
 /// A rank's predictive law of its next log time per sample: its two regimes' (probability,
@@ -280,18 +283,14 @@ fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[
     let mut end = 0.0f64;
     for (((x, &b), &(length, a)), &u) in row.iter().zip(sizes).zip(windows).zip(phases) {
         let t = x * (rho + b as f64);
-        end = end.max(if length > 0.0 && a < 1.0 {
-            let c = t * a;
-            c + length * (u + (t - c) / length).floor()
-        } else {
-            t
-        });
+        end = end.max(if length > 0.0 && a < 1.0 { t * a + length * (u + t * (1.0 - a) / length).floor() } else { t });
     }
     let mut stall = 0.0f64;
     for (&(length, a), &u) in windows.iter().zip(phases) {
         if length > 0.0 && a < 1.0 {
-            let running = length * a / (1.0 - a);
-            let at = (u * running + end) % (running + length);
+            // `%` is a library call, many times slower than this.
+            let (running, at) = (length * a / (1.0 - a), u * length * a / (1.0 - a) + end);
+            let at = at - (running + length) * (at / (running + length)).floor();
             let (wait, at) = if at >= running { (running + length - at, 0.0) } else { (0.0, at) };
             stall = stall.max(wait + length * (((at + transfer) / running).ceil() - 1.0).max(0.0));
         }
@@ -304,8 +303,23 @@ fn per_sample_line(x: f64, rho: f64) -> Line {
     Line { alpha: x * rho, beta: x }
 }
 
-/// How fast the transfer's least value is forgotten: 1% an iteration.
+/// How fast the transfer's and the decision cost's least values are forgotten: 1% an iteration.
 const TRANSFER_CREEP: f64 = 1.01;
+
+/// Where no rank changed regime, a decision waits until the iterations since the last one have
+/// lasted its cost over this share: deciding costs time on every rank (tens of microseconds at
+/// two ranks, against an iteration of a millisecond or two), while a split learned under steady
+/// speeds stays right for many iterations.
+const DECISION_SHARE: f64 = 0.001;
+
+/// `least` grown by [`TRANSFER_CREEP`], or `x` where that is less (`least` 0: none yet; `x` not a
+/// positive number: no measure).
+fn least_creeping(least: f64, x: f64) -> f64 {
+    if !(x > 0.0 && x.is_finite()) {
+        return least;
+    }
+    x.min(if least > 0.0 { least * TRANSFER_CREEP } else { f64::INFINITY })
+}
 
 /// Shocks whose lifts are kept, pooled over the ranks.
 const ONSETS_KEPT: usize = 32;
@@ -323,15 +337,8 @@ impl Balancer {
             ranks: vec![RankModel::default(); world],
             freezes: vec![Freezes::default(); world],
             shape: Shape::new(global_batch, world),
-            seen: 0,
             epoch_totals: vec![(0.0, 0.0); world],
-            onsets: Vec::new(),
-            next_onset: 0,
-            shocks: [0.0; 2],
-            independent: 0.0,
-            chosen: None,
-            surprise: [[0.0; 2]; 2],
-            transfer: 0.0,
+            ..Default::default()
         })
     }
 
@@ -360,7 +367,7 @@ impl Balancer {
     /// debugging; the decision uses the whole distribution).
     pub fn expected_lines(&self) -> Vec<Line> {
         let rho = self.shape.rho();
-        self.laws().iter().map(|law| per_sample_line(mean_time(law), rho)).collect()
+        self.laws(1.0).iter().map(|law| per_sample_line(mean_time(law), rho)).collect()
     }
 
     /// Each rank's base level, and its current lift where it has one, shrunk by [`shrunk`] (alike
@@ -376,15 +383,24 @@ impl Balancer {
         (bases, self.ranks.iter().map(|r| r.lift().and_then(|_| lifts.next())).collect())
     }
 
-    /// Each rank's predictive law of its next log time per sample (its regimes and noise).
-    fn laws(&self) -> Vec<Law> {
+    /// Each rank's predictive law of its log time per sample over the next `horizon` iterations
+    /// (its regimes and noise): the regimes' probabilities are their mean over those iterations
+    /// under the two-state chain of onsets `p` and ends `q`, `P_j(lifted) = π + (s − π)·λ^j` with
+    /// `π = p/(p+q)`, `λ = 1 − p − q` and `s` 1 if lifted now, else 0.
+    fn laws(&self, horizon: f64) -> Vec<Law> {
         let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
         let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
         let jumps = self.jumps();
         let (bases, lifts) = self.levels();
+        let lifted = |i: usize, now: f64| {
+            let (s, lambda) = (on[i] + off[i], 1.0 - on[i] - off[i]);
+            let pi = if s > 0.0 { on[i] / s } else { 0.0 };
+            let mean = if s > 1e-9 { lambda * (1.0 - lambda.powf(horizon)) / (horizon * s) } else { 1.0 };
+            pi + (now - pi) * mean
+        };
         let atoms = |i: usize| match lifts[i] {
-            Some(l) => [(1.0 - off[i], bases[i] + l), (off[i], bases[i])],
-            None => [(1.0 - on[i], bases[i]), (on[i], bases[i] + jumps[i])],
+            Some(l) => [(lifted(i, 1.0), bases[i] + l), (1.0 - lifted(i, 1.0), bases[i])],
+            None => [(1.0 - lifted(i, 0.0), bases[i]), (lifted(i, 0.0), bases[i] + jumps[i])],
         };
         self.ranks.iter().enumerate().map(|(i, r)| (atoms(i), r.noise())).collect()
     }
@@ -416,8 +432,7 @@ impl Balancer {
     fn draws(&self, laws: &[Law], windows: &[(f64, f64)]) -> (Vec<f64>, Vec<f64>, f64) {
         let n = self.ranks.len();
         let median = self.median_onset();
-        let at_risk: Vec<f64> =
-            laws.iter().zip(&self.ranks).filter(|(_, r)| r.lift().is_none()).map(|(l, _)| l.0[1].0).collect();
+        let at_risk = self.at_risk(laws);
         // The past iterations had `clustering` times the onsets that independence predicted.
         let independent = 1.0 - at_risk.iter().map(|p| 1.0 - p).product::<f64>();
         let clustering = ((self.shocks[1] + 1.0) / (self.shocks[0] + 1.0)).min(1.0);
@@ -445,6 +460,11 @@ impl Balancer {
         (level, phase, independent)
     }
 
+    /// The unlifted ranks' probabilities of an onset under `laws`.
+    fn at_risk(&self, laws: &[Law]) -> Vec<f64> {
+        laws.iter().zip(&self.ranks).filter(|(_, r)| r.lift().is_none()).map(|(l, _)| l.0[1].0).collect()
+    }
+
     /// The candidates: the equal split, then [`equalize`]'s split of the laws planned at their means
     /// and at each common quantile (above [`FLOOR`] of the mean plan). From the laws, not the
     /// draws: a plan fitted to the draws it is judged on would win by their sampling noise.
@@ -461,12 +481,8 @@ impl Balancer {
         }
         let mut candidates = vec![equal_split(self.global_batch, laws.len())];
         let mean = equalize(&plans[0], self.global_batch, &self.bounds);
-        let floored: Vec<(usize, usize)> = self
-            .bounds
-            .iter()
-            .zip(&mean)
-            .map(|(&(lo, hi), &m)| (lo.max((FLOOR * m as f64).ceil() as usize).min(hi), hi))
-            .collect();
+        let floor = |(lo, hi): (usize, usize), m: usize| (lo.max((FLOOR * m as f64).ceil() as usize).min(hi), hi);
+        let floored: Vec<(usize, usize)> = self.bounds.iter().zip(&mean).map(|(&b, &m)| floor(b, m)).collect();
         for (k, p) in plans.iter().enumerate() {
             let sizes = if k == 0 { mean.clone() } else { equalize(p, self.global_batch, &floored) };
             if !candidates.contains(&sizes) {
@@ -479,15 +495,26 @@ impl Balancer {
     /// The decision: in order, a candidate replaces the best so far (the equal split first) only
     /// for a gain over the same draws above [`SIGNIFICANCE`] standard errors and [`MIN_GAIN`].
     /// Also returns the probability of some onset were onsets independent.
-    fn decide(&mut self) -> (Vec<usize>, f64) {
-        let rho = self.shape.rho();
-        let laws = self.laws();
+    fn decide(&mut self, horizon: f64) -> (Vec<usize>, f64) {
+        let (rho, n, transfer) = (self.shape.rho(), self.ranks.len(), self.transfer);
+        let laws = self.laws(horizon);
         let windows: Vec<(f64, f64)> = self.freezes.iter().map(Freezes::windows).collect();
-        let (level, phase, independent) = self.draws(&laws, &windows);
+        let (level, phase, mut independent) = self.draws(&laws, &windows);
+        if horizon > 1.0 {
+            // The shocks are counted per iteration.
+            independent = 1.0 - self.at_risk(&self.laws(1.0)).iter().map(|p| 1.0 - p).product::<f64>();
+        }
         let mut candidates = self.candidates(&laws, rho);
-        let (n, transfer) = (laws.len(), self.transfer);
+        // Each draw's time is its mean over PHASES phases of the windows, rotated by the drawn
+        // ones: a window met or missed moves one draw by a whole window, and that spread, not
+        // the gain, would decide the significance test.
+        let m = if windows.iter().any(|&(length, a)| length > 0.0 && a < 1.0) { PHASES } else { 1 };
+        let turn = |u: &[f64], j: usize| u.iter().map(move |u| (u + j as f64 / m as f64).fract()).collect::<Vec<f64>>();
+        let turned: Vec<f64> = phase.chunks(n).flat_map(|u| (0..m).flat_map(move |j| turn(u, j))).collect();
         let slowest = |sizes: &[usize]| -> Vec<f64> {
-            level.chunks(n).zip(phase.chunks(n)).map(|(x, u)| iteration(x, u, sizes, rho, &windows, transfer)).collect()
+            let each = turned.chunks(n).enumerate().map(|(k, u)| (&level[k / m * n..][..n], u));
+            let each: Vec<f64> = each.map(|(x, u)| iteration(x, u, sizes, rho, &windows, transfer)).collect();
+            each.chunks(m).map(|c| c.iter().sum::<f64>() / m as f64).collect()
         };
         let equal = slowest(&candidates[0]);
         let mut best = (equal.clone(), 0);
@@ -515,6 +542,7 @@ impl Balancer {
 
     /// Learns how the last decision's split overran what it expected: `slowest` is the iteration's.
     fn surprised(&mut self, slowest: f64) {
+        // Each decision is scored once, by the iteration right after it.
         if let Some((expected, moved)) = self.chosen.take().filter(|_| slowest > 0.0 && slowest.is_finite()) {
             self.surprise.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
             let s = &mut self.surprise[usize::from(moved)];
@@ -536,15 +564,14 @@ impl Policy for Balancer {
         // The short last batch of an epoch is left out: its sizes are not the ones being tuned.
         let full = obs.iter().map(|o| o.batch).sum::<usize>() == self.global_batch;
         if self.seen <= self.cfg.warmup_iters || !full {
+            self.since.0 = false;
             return;
         }
         match self.cfg.policy {
             PolicyKind::Bsp => {}
             PolicyKind::ProportionalEpoch => {
-                for (o, tot) in obs.iter().zip(self.epoch_totals.iter_mut()) {
-                    tot.0 += o.batch as f64;
-                    tot.1 += o.compute_s;
-                }
+                let totals = obs.iter().zip(self.epoch_totals.iter_mut());
+                totals.for_each(|(o, tot)| *tot = (tot.0 + o.batch as f64, tot.1 + o.compute_s));
             }
             PolicyKind::Lbbsp => {
                 let cpu: Vec<(f64, f64)> =
@@ -559,23 +586,17 @@ impl Policy for Balancer {
                 self.shocks[1] *= model::COUNT_FORGETTING;
                 // A checkpoint from before freezes were measured has none.
                 self.freezes.resize(self.ranks.len(), Freezes::default());
-                for (f, o) in self.freezes.iter_mut().zip(obs) {
-                    f.observe(o);
-                }
+                self.freezes.iter_mut().zip(obs).for_each(|(f, o)| f.observe(o));
                 let shortest = obs.iter().map(|o| o.transfer_s).filter(|t| *t > 0.0).fold(f64::INFINITY, f64::min);
-                if shortest.is_finite() {
-                    let crept = if self.transfer > 0.0 { self.transfer * TRANSFER_CREEP } else { shortest };
-                    self.transfer = shortest.min(crept);
-                }
+                self.transfer = least_creeping(self.transfer, shortest);
+                // The cost of a decision is that of a step that took one.
+                let cost = obs.iter().map(|o| o.balance_s).fold(0.0, f64::max);
+                self.cost = if self.since.0 { least_creeping(self.cost, cost) } else { self.cost };
+                let lifted: Vec<bool> = self.ranks.iter().map(|r| r.lift().is_some()).collect();
                 let times: Vec<f64> = obs.iter().zip(&self.freezes).map(|(o, f)| f.smoothed(o)).collect();
                 self.surprised(times.iter().copied().fold(0.0, f64::max));
-                let mut jumps: Vec<f64> = self
-                    .ranks
-                    .iter_mut()
-                    .zip(obs)
-                    .zip(&times)
-                    .filter_map(|((r, o), &t)| r.observe(o.batch, t, rho))
-                    .collect();
+                let observed = self.ranks.iter_mut().zip(obs).zip(&times);
+                let mut jumps: Vec<f64> = observed.filter_map(|((r, o), &t)| r.observe(o.batch, t, rho)).collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.
                 if !jumps.is_empty() {
@@ -588,10 +609,20 @@ impl Policy for Balancer {
                     self.next_onset = (self.next_onset + 1) % ONSETS_KEPT;
                 }
                 self.shocks[1] += f64::from(u8::from(!jumps.is_empty()));
+                // A lift that began or ended.
+                let changed = self.ranks.iter().zip(&lifted).any(|(r, &l)| r.lift().is_some() != l);
+                let slowest = times.iter().copied().fold(0.0, f64::max) + self.transfer;
+                self.since.1 += slowest;
                 // One iteration tells a rank's speed but not whether it lasts: the split moves
                 // from the second on.
-                if self.seen > self.cfg.warmup_iters + 1 {
-                    (self.sizes, self.independent) = self.decide();
+                let due = changed || self.since.1 * DECISION_SHARE >= self.cost;
+                self.since.0 = self.seen > self.cfg.warmup_iters + 1 && due;
+                if self.since.0 {
+                    // The split stays in play until the next decision is due, unless a rank's
+                    // regime changes first.
+                    let horizon = (self.cost / (DECISION_SHARE * slowest)).max(1.0);
+                    (self.sizes, self.independent) = self.decide(horizon);
+                    self.since.1 = 0.0;
                 }
             }
         }
@@ -637,6 +668,31 @@ mod tests {
     }
 
     #[test]
+    fn decisions_are_spaced_by_their_cost_and_taken_at_once_on_a_change() {
+        // Two ranks of ~1 ms iterations with ±2% noise; a decision costs 20 µs, so under steady
+        // speeds one is due every ~20 ms; from iteration 200 rank 0 is three times slower.
+        let mut bal = lbbsp(128, 2);
+        let mut rng = Rng::from_keys(&[5]);
+        let (mut decided, mut cost) = (Vec::new(), 0.0);
+        for k in 0..300 {
+            let obs: Vec<Observation> = (0..2)
+                .map(|i| {
+                    let slow = if i == 0 && k >= 200 { 3.0 } else { 1.0 };
+                    let t = slow * (1e-4 + 1.4e-5 * bal.sizes()[i] as f64) * (1.0 + 0.02 * rng.normal() as f64);
+                    Observation { balance_s: cost, ..Observation::new(bal.sizes()[i], t) }
+                })
+                .collect();
+            bal.observe(&obs);
+            cost = if bal.since.0 { 2e-5 } else { 1e-6 };
+            decided.push(bal.since.0);
+        }
+        let steady = decided[20..200].iter().filter(|d| **d).count();
+        assert!((6..=20).contains(&steady), "{steady} decisions in 180 steady iterations");
+        assert!(decided[200], "no decision at the change");
+        assert!(bal.sizes()[0] < 50, "{:?}", bal.sizes());
+    }
+
+    #[test]
     fn a_slower_rank_gets_its_equal_time_share() {
         let mut bal = lbbsp(256, 2);
         fed(&mut bal, |i, b| (1.0 + 2.0 * i as f64) * (1e-4 + 1e-5 * b as f64));
@@ -653,9 +709,9 @@ mod tests {
         fed(&mut bal, |i, b| (1.0 + 0.05 * i as f64) * 1e-5 * b as f64);
         assert!(bal.sizes()[1] < 126, "a rank 5% slower sheds samples: {:?}", bal.sizes());
         bal.surprise = [[0.0, 20.0], [20.0 * 1.1f64.ln(), 20.0]];
-        assert_eq!(bal.decide().0, vec![128, 128]);
+        assert_eq!(bal.decide(1.0).0, vec![128, 128]);
         bal.surprise = [[20.0 * 1.1f64.ln(), 20.0]; 2];
-        assert_ne!(bal.decide().0, vec![128, 128], "overruns alike for both leave the move");
+        assert_ne!(bal.decide(1.0).0, vec![128, 128], "overruns alike for both leave the move");
     }
 
     /// Alike ranks with ±4% noise keep the equal split: no candidate is expected faster by more
@@ -699,6 +755,7 @@ mod tests {
                         frozen_s: 0.0,
                         run_share: 0.0,
                         transfer_s: 0.0,
+                        balance_s: 0.0,
                     }
                 })
                 .collect();
@@ -748,6 +805,7 @@ mod tests {
                     frozen_s: wall1 - cpu(b1),
                     run_share: whole,
                     transfer_s: 0.0,
+                    balance_s: 0.0,
                 },
             ];
             // The share over this iteration, which the next one reports.

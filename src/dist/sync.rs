@@ -46,6 +46,9 @@ pub struct RankStats {
     /// This process's CPU time over the wall time of its previous iteration, compute and collective
     /// (0 before the first): it rides on the next iteration, as `prev_sync` does.
     pub prev_run_share: f64,
+    /// Seconds this rank's balancer took over its previous step (0 before the first), riding on the
+    /// next iteration alike.
+    pub prev_balance_s: f64,
     /// This rank's [`SyncTime`] of its previous iteration. It is known only once that iteration's
     /// collective has ended, so it rides on the next one: the metrics' wait and transfer columns
     /// trail by one iteration instead of costing a collective of their own.
@@ -53,7 +56,7 @@ pub struct RankStats {
 }
 
 /// 64-bit words in a [`RankStats`].
-const WORDS: usize = 10;
+const WORDS: usize = 11;
 /// f32 slots a 64-bit word travels in: 22 + 21 + 21 bits.
 const SLOTS_PER_WORD: usize = 3;
 /// f32 slots of one rank's stats in the synchronised buffer.
@@ -61,6 +64,22 @@ pub const STATS_SLOTS: usize = WORDS * SLOTS_PER_WORD;
 const LOW21: u64 = (1 << 21) - 1;
 
 impl RankStats {
+    /// What the balancer sees of this rank's iteration: its CPU measures per core of the
+    /// `threads` the rank computes on (the balancer compares ranks by their share of one core).
+    pub fn observation(&self, threads: usize) -> crate::balance::Observation {
+        let threads = threads.max(1) as f64;
+        crate::balance::Observation {
+            batch: self.batch,
+            compute_s: self.compute_s,
+            cpu_share: self.cpu_share / threads,
+            preemptions: self.preemptions,
+            frozen_s: self.frozen_s / threads,
+            run_share: self.prev_run_share / threads,
+            transfer_s: self.prev_sync.comm_s,
+            balance_s: self.prev_balance_s,
+        }
+    }
+
     fn words(&self) -> [u64; WORDS] {
         [
             self.batch as u64,
@@ -71,6 +90,7 @@ impl RankStats {
             self.preemptions.to_bits(),
             self.frozen_s.to_bits(),
             self.prev_run_share.to_bits(),
+            self.prev_balance_s.to_bits(),
             self.prev_sync.wait_s.to_bits(),
             self.prev_sync.comm_s.to_bits(),
         ]
@@ -99,7 +119,8 @@ impl RankStats {
             preemptions: f64::from_bits(w[5]),
             frozen_s: f64::from_bits(w[6]),
             prev_run_share: f64::from_bits(w[7]),
-            prev_sync: SyncTime { wait_s: f64::from_bits(w[8]), comm_s: f64::from_bits(w[9]) },
+            prev_balance_s: f64::from_bits(w[8]),
+            prev_sync: SyncTime { wait_s: f64::from_bits(w[9]), comm_s: f64::from_bits(w[10]) },
         }
     }
 }
@@ -277,6 +298,7 @@ mod tests {
             preemptions: 3.0 * rank as f64,
             frozen_s: 1e-4 * (rank as f64 + 0.5),
             prev_run_share: 0.5 / (rank as f64 + 1.0),
+            prev_balance_s: 2e-5 * (rank as f64 + 0.25),
             prev_sync: SyncTime { wait_s: 1e-3 * rank as f64, comm_s: f64::MIN_POSITIVE },
         }
     }
@@ -310,6 +332,7 @@ mod tests {
                     (s.preemptions, want.preemptions),
                     (s.frozen_s, want.frozen_s),
                     (s.prev_run_share, want.prev_run_share),
+                    (s.prev_balance_s, want.prev_balance_s),
                     (s.prev_sync.wait_s, want.prev_sync.wait_s),
                     (s.prev_sync.comm_s, want.prev_sync.comm_s),
                 ] {

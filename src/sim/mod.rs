@@ -593,6 +593,8 @@ impl Track {
                 frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
                 run_share: seen[i][1],
                 transfer_s: transfer,
+                // A simulated decision takes no time.
+                balance_s: 0.0,
             };
         }
         self.split.observe(obs);

@@ -49,6 +49,10 @@ pub struct IterRecord {
     /// older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub run_share: Vec<f64>,
+    /// Per rank: seconds its balancer's step of the previous iteration took (absent in older
+    /// files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub balance_s: Vec<f64>,
     /// Wall seconds of the iteration on rank 0.
     pub iter_s: f64,
     /// `global_batch / iter_s`.
@@ -305,6 +309,7 @@ impl IterRecord {
             preemptions: Vec::new(),
             frozen_s: Vec::new(),
             run_share: Vec::new(),
+            balance_s: Vec::new(),
             iter_s: slowest,
             samples_per_s: if slowest > 0.0 { global_batch as f64 / slowest } else { 0.0 },
         }

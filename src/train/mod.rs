@@ -82,6 +82,8 @@ pub struct Run<'a> {
     last_sync: SyncTime,
     /// This process's CPU share over its last iteration, compute and collective.
     last_run_share: f64,
+    /// Seconds the balancer's last step took here.
+    last_balance_s: f64,
     pub progress: Progress,
     /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
     iters_per_epoch: usize,
@@ -135,6 +137,7 @@ impl<'a> Run<'a> {
             obs: Vec::with_capacity(world),
             last_sync: SyncTime::default(),
             last_run_share: 0.0,
+            last_balance_s: 0.0,
             progress,
             iters_per_epoch,
             planned,
@@ -189,6 +192,7 @@ impl<'a> Run<'a> {
             frozen_s: cpu.frozen_s,
             // Thread ranks share one process's counters: no measure of their own.
             prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
+            prev_balance_s: self.last_balance_s,
             prev_sync: self.last_sync,
         };
 
@@ -199,18 +203,11 @@ impl<'a> Run<'a> {
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
-        // The CPU share is per core the rank's threads may use.
-        let threads = self.threads_per_rank().max(1) as f64;
-        self.obs.extend(self.sync.stats.iter().map(|s| Observation {
-            batch: s.batch,
-            compute_s: s.compute_s,
-            cpu_share: s.cpu_share / threads,
-            preemptions: s.preemptions,
-            frozen_s: s.frozen_s / threads,
-            run_share: s.prev_run_share / threads,
-            transfer_s: s.prev_sync.comm_s,
-        }));
+        let threads = self.threads_per_rank();
+        self.obs.extend(self.sync.stats.iter().map(|s| s.observation(threads)));
+        let balancing = Instant::now();
         self.balancer.observe(&self.obs);
+        self.last_balance_s = balancing.elapsed().as_secs_f64();
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
     }
 
@@ -277,6 +274,7 @@ impl<'a> Run<'a> {
             preemptions: stats.iter().map(|s| s.preemptions).collect(),
             frozen_s: stats.iter().map(|s| s.frozen_s).collect(),
             run_share: stats.iter().map(|s| s.prev_run_share).collect(),
+            balance_s: stats.iter().map(|s| s.prev_balance_s).collect(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
         }
