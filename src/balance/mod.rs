@@ -22,7 +22,8 @@ pub enum PolicyKind {
     /// Plain BSP: the equal split, never changed.
     #[default]
     Bsp,
-    /// LB-BSP: re-split before every allreduce.
+    /// LB-BSP: re-split before the allreduce (every iteration, or as often as a decision is worth
+    /// its time).
     Lbbsp,
     /// Re-split once per epoch in proportion to each rank's throughput over the last epoch.
     ProportionalEpoch,
@@ -203,7 +204,8 @@ const EM_STEPS: usize = 20;
 const SIGNIFICANCE: f64 = 2.0;
 const MIN_GAIN: f64 = 0.005;
 
-/// Forgetting of the splits' overruns (about fifty iterations), and the prior weight of none.
+/// Forgetting of the splits' overruns (about fifty decisions, each scored by the iteration after
+/// it), and the prior weight of none.
 const SURPRISE_FORGETTING: f64 = 0.98;
 const SURPRISE_PRIOR: f64 = 2.0;
 
