@@ -197,6 +197,7 @@ mod tests {
             preemptions: Vec::new(),
             frozen_s: Vec::new(),
             run_share: Vec::new(),
+            balance_s: Vec::new(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
         }
