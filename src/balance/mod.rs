@@ -42,6 +42,7 @@ impl PolicyKind {
 
 /// What a policy sees of one rank's iteration.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Observation {
     pub batch: usize,
     /// Seconds of forward + backward, waiting excluded.
@@ -58,11 +59,9 @@ pub struct Observation {
     pub run_share: f64,
     /// Seconds of its previous collective spent moving data rather than waiting for slower ranks
     /// (0 when it has no measure).
-    #[serde(default)]
     pub transfer_s: f64,
     /// Seconds the rank's previous balancing step took, its decision included (0 when it has no
     /// measure): what a decision costs, which decides how often one is worth taking.
-    #[serde(default)]
     pub balance_s: f64,
 }
 
@@ -261,8 +260,10 @@ pub struct Balancer {
     /// What a decision costs: the least of the slowest rank's balancing steps that decided,
     /// forgotten as the transfer is.
     cost: f64,
-    /// Whether the last step decided, and the slowest seconds of the iterations since one did.
-    since: (bool, f64),
+    /// Whether the last step decided, and the slowest seconds and the iterations since one did.
+    since: (bool, f64, usize),
+    /// Every rank's log time per sample in the iteration of the last decision.
+    decided_at: Vec<f64>,
 }
 
 /// A rank's predictive law of its next log time per sample: its two regimes' (probability,
@@ -348,10 +349,6 @@ impl Balancer {
         &self.cfg
     }
 
-    pub fn global_batch(&self) -> usize {
-        self.global_batch
-    }
-
     /// Every rank's `(lowest, highest)` batch size.
     pub fn bounds(&self) -> &[(usize, usize)] {
         &self.bounds
@@ -395,8 +392,7 @@ impl Balancer {
         let jumps = self.jumps();
         let (bases, lifts) = self.levels();
         let lifted = |i: usize, now: f64| {
-            let (s, lambda) = (on[i] + off[i], 1.0 - on[i] - off[i]);
-            let pi = if s > 0.0 { on[i] / s } else { 0.0 };
+            let (s, lambda, pi) = (on[i] + off[i], 1.0 - on[i] - off[i], on[i] / (on[i] + off[i]).max(1e-12));
             let mean = if s > 1e-9 { lambda * (1.0 - lambda.powf(horizon)) / (horizon * s) } else { 1.0 };
             pi + (now - pi) * mean
         };
@@ -485,12 +481,11 @@ impl Balancer {
         let mean = equalize(&plans[0], self.global_batch, &self.bounds);
         let floor = |(lo, hi): (usize, usize), m: usize| (lo.max((FLOOR * m as f64).ceil() as usize).min(hi), hi);
         let floored: Vec<(usize, usize)> = self.bounds.iter().zip(&mean).map(|(&b, &m)| floor(b, m)).collect();
-        for (k, p) in plans.iter().enumerate() {
-            let sizes = if k == 0 { mean.clone() } else { equalize(p, self.global_batch, &floored) };
-            if !candidates.contains(&sizes) {
-                candidates.push(sizes);
-            }
-        }
+        let planned = plans.iter().enumerate().map(|(k, p)| match k {
+            0 => mean.clone(),
+            _ => equalize(p, self.global_batch, &floored),
+        });
+        planned.for_each(|sizes| candidates.extend((!candidates.contains(&sizes)).then_some(sizes)));
         candidates
     }
 
@@ -576,7 +571,7 @@ impl Policy for Balancer {
                 totals.for_each(|(o, tot)| *tot = (tot.0 + o.batch as f64, tot.1 + o.compute_s));
             }
             PolicyKind::Lbbsp => {
-                let cpu: Vec<(f64, f64)> =
+                let cpu: Vec<_> =
                     obs.iter().map(|o| (o.batch as f64, o.compute_s * o.cpu_share.clamp(1e-3, 1.0))).collect();
                 let before = self.shape.rho();
                 self.shape.observe(&cpu);
@@ -594,7 +589,6 @@ impl Policy for Balancer {
                 // The cost of a decision is that of a step that took one.
                 let cost = obs.iter().map(|o| o.balance_s).fold(0.0, f64::max);
                 self.cost = if self.since.0 { least_creeping(self.cost, cost) } else { self.cost };
-                let lifted: Vec<bool> = self.ranks.iter().map(|r| r.lift().is_some()).collect();
                 let times: Vec<f64> = obs.iter().zip(&self.freezes).map(|(o, f)| f.smoothed(o)).collect();
                 self.surprised(times.iter().copied().fold(0.0, f64::max));
                 let observed = self.ranks.iter_mut().zip(obs).zip(&times);
@@ -611,20 +605,25 @@ impl Policy for Balancer {
                     self.next_onset = (self.next_onset + 1) % ONSETS_KEPT;
                 }
                 self.shocks[1] += f64::from(u8::from(!jumps.is_empty()));
-                // A lift that began or ended.
-                let changed = self.ranks.iter().zip(&lifted).any(|(r, &l)| r.lift().is_some() != l);
+                // A rank whose time per sample moved since the last decision by what makes a lift.
+                let x: Vec<f64> = obs.iter().zip(&times).map(|(o, t)| (t / (rho + o.batch as f64)).ln()).collect();
+                let moved = |(r, (a, b)): (&RankModel, (&f64, &f64))| (a - b).abs() > r.threshold();
+                let changed = self.ranks.iter().zip(x.iter().zip(&self.decided_at)).any(moved);
                 let slowest = times.iter().copied().fold(0.0, f64::max) + self.transfer;
-                self.since.1 += slowest;
+                self.since = (self.since.0, self.since.1 + slowest, self.since.2 + 1);
                 // One iteration tells a rank's speed but not whether it lasts: the split moves
                 // from the second on.
-                let due = changed || self.since.1 * DECISION_SHARE >= self.cost;
+                // A young model holds a split for at most half its age: its first splits are the
+                // least informed, and the first costs measured the most inflated (cold code).
+                let young = 2 * self.since.2 >= self.seen - self.cfg.warmup_iters;
+                let due = changed || young || self.since.1 * DECISION_SHARE >= self.cost;
                 self.since.0 = self.seen > self.cfg.warmup_iters + 1 && due;
                 if self.since.0 {
                     // The split stays in play until the next decision is due, unless a rank's
                     // regime changes first.
                     let horizon = (self.cost / (DECISION_SHARE * slowest)).max(1.0);
                     (self.sizes, self.independent) = self.decide(horizon);
-                    self.since.1 = 0.0;
+                    (self.since.1, self.since.2, self.decided_at) = (0.0, 0, x);
                 }
             }
         }

@@ -263,6 +263,11 @@ impl RankModel {
         self.noise.sqrt()
     }
 
+    /// How far above the base a lift begins: `max(10%, 3σ_i)` in log time.
+    pub fn threshold(&self) -> f64 {
+        MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt())
+    }
+
     /// The current lift above the base, while lifted.
     pub fn lift(&self) -> Option<f64> {
         self.lifted.map(|(l, _)| l - self.base)
@@ -308,7 +313,7 @@ impl RankModel {
             return None;
         }
         let d = x - self.base;
-        let lifted = d > MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt());
+        let lifted = d > self.threshold();
         self.counts.iter_mut().for_each(|c| *c *= COUNT_FORGETTING);
         let was = self.lifted.is_some();
         let k = if was { 2 } else { 0 };
@@ -331,7 +336,7 @@ impl RankModel {
             self.lifted = None;
             // Faster than the base by twice what makes a lift: a job there from the start has
             // left, and the base moves at once (within that, it may be the noise's tail).
-            if d < -2.0 * MIN_LIFT.max(LIFT_DEVIATIONS * self.noise.sqrt()) {
+            if d < -2.0 * self.threshold() {
                 self.base = x;
                 self.base_size = b;
             } else {

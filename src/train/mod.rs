@@ -547,11 +547,13 @@ pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoc
 /// The checkpoint's balancer when it was written on as many ranks with the same settings, else
 /// `fresh` (the equal split), saying so on rank 0.
 fn continued_balancer(fresh: Balancer, r: &checkpoint::Resumed, rank0: bool) -> Balancer {
+    // The global batch: the sum of any split of it.
+    let total = |sizes: &[usize]| sizes.iter().sum::<usize>();
     let saved = &r.state.balancer;
     let world = fresh.sizes().len();
     let why = if r.state.world_size != world {
         format!("was written on {} rank(s), this run has {world}", r.state.world_size)
-    } else if saved.config() != fresh.config() || saved.global_batch() != fresh.global_batch() {
+    } else if saved.config() != fresh.config() || total(saved.sizes()) != total(fresh.sizes()) {
         "was written with other [balance] settings".to_string()
     } else {
         return saved.clone();
