@@ -506,8 +506,8 @@ impl Balancer {
         // ones: a window met or missed moves one draw by a whole window, and that spread, not
         // the gain, would decide the significance test.
         let m = if windows.iter().any(|&(length, a)| length > 0.0 && a < 1.0) { PHASES } else { 1 };
-        let turn = |u: &[f64], j: usize| u.iter().map(move |u| (u + j as f64 / m as f64).fract()).collect::<Vec<f64>>();
-        let turned: Vec<f64> = phase.chunks(n).flat_map(|u| (0..m).flat_map(move |j| turn(u, j))).collect();
+        let turn = move |j: usize| move |u: &f64| (u + j as f64 / m as f64).fract();
+        let turned: Vec<f64> = phase.chunks(n).flat_map(|u| (0..m).flat_map(move |j| u.iter().map(turn(j)))).collect();
         let slowest = |sizes: &[usize]| -> Vec<f64> {
             let each = turned.chunks(n).enumerate().map(|(k, u)| (&level[k / m * n..][..n], u));
             let each: Vec<f64> = each.map(|(x, u)| iteration(x, u, sizes, rho, &windows, transfer)).collect();
