@@ -613,13 +613,13 @@ impl Policy for Balancer {
                 let changed = self.ranks.iter().zip(x.iter().zip(&self.decided_at)).any(moved);
                 let slowest = times.iter().copied().fold(0.0, f64::max) + self.transfer;
                 self.since = (self.since.0, self.since.1 + slowest, self.since.2 + 1);
-                // One iteration tells a rank's speed but not whether it lasts: the split moves
-                // from the second on.
                 // A young model holds a split for at most half its age: its first splits are the
                 // least informed, and the first costs measured the most inflated (cold code).
                 let young = 2 * self.since.2 >= self.seen - self.cfg.warmup_iters;
                 let share = if changed { MOVED_SHARE } else { DECISION_SHARE };
                 let due = young || self.since.1 * share >= self.cost;
+                // One iteration tells a rank's speed but not whether it lasts: the split moves
+                // from the second on.
                 self.since.0 = self.seen > self.cfg.warmup_iters + 1 && due;
                 if self.since.0 {
                     // The split stays in play until the next decision is due, unless a rank's
@@ -671,25 +671,35 @@ mod tests {
         }
     }
 
+    /// Feeds `bal` 300 iterations in which rank `i` computes `b` samples at iteration `k` in
+    /// `time(k, i, b)` seconds, each step reporting the previous one's cost: `decision_s` where it
+    /// decided, 1 µs where not. Returns whether each step decided.
+    fn decisions(bal: &mut Balancer, decision_s: f64, mut time: impl FnMut(usize, usize, usize) -> f64) -> Vec<bool> {
+        let (mut decided, mut cost) = (Vec::new(), 0.0);
+        for k in 0..300 {
+            let obs: Vec<Observation> = (0..bal.sizes().len())
+                .map(|i| Observation {
+                    balance_s: cost,
+                    ..Observation::new(bal.sizes()[i], time(k, i, bal.sizes()[i]))
+                })
+                .collect();
+            bal.observe(&obs);
+            cost = if bal.since.0 { decision_s } else { 1e-6 };
+            decided.push(bal.since.0);
+        }
+        decided
+    }
+
     #[test]
     fn decisions_are_spaced_by_their_cost_and_taken_at_once_on_a_change() {
         // Two ranks of ~1 ms iterations with ±2% noise; a decision costs 20 µs, so under steady
         // speeds one is due every ~20 ms; from iteration 200 rank 0 is three times slower.
         let mut bal = lbbsp(128, 2);
         let mut rng = Rng::from_keys(&[5]);
-        let (mut decided, mut cost) = (Vec::new(), 0.0);
-        for k in 0..300 {
-            let obs: Vec<Observation> = (0..2)
-                .map(|i| {
-                    let slow = if i == 0 && k >= 200 { 3.0 } else { 1.0 };
-                    let t = slow * (1e-4 + 1.4e-5 * bal.sizes()[i] as f64) * (1.0 + 0.02 * rng.normal() as f64);
-                    Observation { balance_s: cost, ..Observation::new(bal.sizes()[i], t) }
-                })
-                .collect();
-            bal.observe(&obs);
-            cost = if bal.since.0 { 2e-5 } else { 1e-6 };
-            decided.push(bal.since.0);
-        }
+        let decided = decisions(&mut bal, 2e-5, |k, i, b| {
+            let slow = if i == 0 && k >= 200 { 3.0 } else { 1.0 };
+            slow * (1e-4 + 1.4e-5 * b as f64) * (1.0 + 0.02 * rng.normal() as f64)
+        });
         let steady = decided[20..200].iter().filter(|d| **d).count();
         assert!((6..=20).contains(&steady), "{steady} decisions in 180 steady iterations");
         assert!(decided[200], "no decision at the change");
@@ -702,19 +712,10 @@ mod tests {
     #[test]
     fn speeds_that_move_every_iteration_do_not_decide_every_iteration() {
         let mut bal = lbbsp(128, 2);
-        let (mut decided, mut cost) = (Vec::new(), 0.0);
-        for k in 0..300 {
-            let obs: Vec<Observation> = (0..2)
-                .map(|i| {
-                    let slow = if i == 0 && k % 2 == 1 { 1.5 } else { 1.0 };
-                    let t = slow * (1e-4 + 7e-6 * bal.sizes()[i] as f64);
-                    Observation { balance_s: cost, ..Observation::new(bal.sizes()[i], t) }
-                })
-                .collect();
-            bal.observe(&obs);
-            cost = if bal.since.0 { 1e-4 } else { 1e-6 };
-            decided.push(bal.since.0);
-        }
+        let decided = decisions(&mut bal, 1e-4, |k, i, b| {
+            let slow = if i == 0 && k % 2 == 1 { 1.5 } else { 1.0 };
+            slow * (1e-4 + 7e-6 * b as f64)
+        });
         let n = decided[100..].iter().filter(|d| **d).count();
         assert!(n <= 20, "{n} decisions in 200 iterations");
     }
