@@ -855,6 +855,41 @@ mod tests {
         assert!(equal * 10 >= 9 * 550 && sizes[50..].iter().all(|&b| b >= 32), "{equal} of 550: {sizes:?}");
     }
 
+    /// The CI failure of `lbbsp_with_slowdown_keeps_the_one_rank_trajectory`, rebuilt: three ranks
+    /// on two busy cores, where Open MPI yields the CPU while it waits, so a rank runs 2% of an
+    /// 8 ms iteration (its 50-250 us of compute, at full speed) and every transfer lasts 6 ms.
+    /// Rank 1 is 4x slower from iteration 10 and meets a 25 us preemption now and then. Read as
+    /// windows of 25 us every 0.5 us of running, these made a stall of a second that hid the
+    /// slowdown: the split stayed equal.
+    #[test]
+    fn a_collective_that_yields_its_cpu_does_not_hide_a_slow_rank() {
+        let mut bal = lbbsp(64, 3);
+        let mut sizes = Vec::new();
+        for it in 0..100 {
+            let obs: Vec<Observation> = (0..3)
+                .map(|r| {
+                    let b = bal.sizes()[r];
+                    let cpu = (1.0 + 3.0 * f64::from(u8::from(r == 1 && it >= 10))) * 4e-6 * b as f64;
+                    let frozen = if r == 1 && it % 7 == 3 { 25e-6 } else { 0.0 };
+                    Observation {
+                        batch: b,
+                        compute_s: cpu + frozen,
+                        cpu_share: cpu / (cpu + frozen),
+                        preemptions: f64::from(u8::from(frozen > 0.0)),
+                        frozen_s: frozen,
+                        run_share: 0.02,
+                        transfer_s: 6e-3,
+                        balance_s: 5e-6,
+                    }
+                })
+                .collect();
+            bal.observe(&obs);
+            sizes.push(bal.sizes()[1]);
+        }
+        // Rank 1's equal-time share is 64/9, about 7.
+        assert!(sizes[30..].iter().all(|&b| b <= 12), "{sizes:?}");
+    }
+
     /// Freezes far shorter than an iteration (a 2 ms quota period at 20 ms iterations) make the rank
     /// half as fast: it gets about a third of the batch.
     #[test]

@@ -155,6 +155,13 @@ pub struct Freezes {
     /// in its wait as in its compute, so only the whole iteration tells its share: over the compute
     /// alone, a rank whose small batch meets its freeze every time would look ever slower.
     run: [f64; 2],
+    /// Forgotten sums of the compute's CPU seconds and its wall seconds: its own running share.
+    /// Both shares are at most the windows' share: over the compute, a small batch that meets its
+    /// freeze every time runs less; over the whole iteration, a collective that yields the CPU
+    /// while it waits (Open MPI on oversubscribed cores) runs less, in the yields and not in the
+    /// windows. The windows' share is their greater.
+    #[serde(default)]
+    compute: [f64; 2],
     /// Forgotten sums of the squared deviation of an iteration's frozen seconds per CPU second from
     /// their long-run expectation `1/a − 1`, and of the weights.
     #[serde(default)]
@@ -174,11 +181,9 @@ impl Freezes {
         let (c, f) = cpu_and_frozen(o);
         let (term, weight) = if whole > 0.0 && whole.is_finite() { (whole.min(1.0), 1.0) } else { (c, t) };
         self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
-        self.frozen.iter_mut().for_each(|s| *s *= FREEZE_FORGETTING);
-        if n >= 1.0 && f > 0.0 {
-            self.frozen[0] += f * f / n;
-            self.frozen[1] += f;
-        }
+        self.compute = [RUN_FORGETTING * self.compute[0] + c, RUN_FORGETTING * self.compute[1] + t];
+        let (f2, f1) = if n >= 1.0 && f > 0.0 { (f * f / n, f) } else { (0.0, 0.0) };
+        self.frozen = [FREEZE_FORGETTING * self.frozen[0] + f2, FREEZE_FORGETTING * self.frozen[1] + f1];
         let d = f / c - (1.0 / self.windows().1 - 1.0);
         self.spread = [RUN_FORGETTING * self.spread[0] + d * d, RUN_FORGETTING * self.spread[1] + 1.0];
     }
@@ -186,7 +191,8 @@ impl Freezes {
     /// `(L, a)`: one freeze's length (0 before any) and the running share.
     pub fn windows(&self) -> (f64, f64) {
         let length = if self.frozen[1] > 0.0 { self.frozen[0] / self.frozen[1] } else { 0.0 };
-        (length, if self.run[1] > 0.0 { (self.run[0] / self.run[1]).clamp(1e-3, 1.0) } else { 1.0 })
+        let share = |[x, w]: [f64; 2]| if w > 0.0 { x / w } else { 0.0 };
+        (length, if self.run[1] > 0.0 { share(self.run).max(share(self.compute)).clamp(1e-3, 1.0) } else { 1.0 })
     }
 
     /// The time to learn of an iteration: its frozen seconds `f` shrunk towards their long-run
@@ -401,6 +407,15 @@ mod tests {
             slept.observe(&asleep);
         }
         assert!(slept.windows().0 < 2e-5 && (slept.smoothed(&asleep) - 0.03).abs() < 1e-6, "{:?}", slept.windows());
+        // A collective that yields the CPU while it waits runs 2% of the iteration, its compute
+        // all of its own: the windows' share is the compute's.
+        let mut yielding = Freezes::default();
+        for k in 0..400 {
+            let (t, share) = if k % 7 == 3 { (125e-6, 0.8) } else { (100e-6, 1.0) };
+            let o = frozen(t, share, f64::from(u8::from(k % 7 == 3)));
+            yielding.observe(&super::super::Observation { run_share: 0.02, ..o });
+        }
+        assert!(yielding.windows().1 > 0.95, "{:?}", yielding.windows());
         let (length, a) = coarse.windows();
         assert!((length - 0.05).abs() < 1e-9 && (a - 40.0 / 90.0).abs() < 0.05, "{length} {a}");
         let (lo, hi) = learned[100..].iter().fold((f64::MAX, 0.0f64), |(l, h), &t| (l.min(t), h.max(t)));
