@@ -128,10 +128,7 @@ impl BalanceConfig {
             return Err(Error::config("train.global_batch", why));
         }
         let why = format!("{world} ranks × b_max {hi} < B = {global_batch}; raise balance.b_max or run more ranks");
-        if hi * world < global_batch {
-            return Err(Error::config("balance.b_max", why));
-        }
-        Ok(vec![(lo, hi); world])
+        (hi * world >= global_batch).then(|| vec![(lo, hi); world]).ok_or_else(|| Error::config("balance.b_max", why))
     }
 }
 
@@ -371,7 +368,7 @@ impl Balancer {
     /// debugging; the decision uses the whole distribution).
     pub fn expected_lines(&self) -> Vec<Line> {
         let rho = self.shape.rho();
-        self.laws(1.0).iter().map(|law| per_sample_line(mean_time(law), rho)).collect()
+        self.laws(1).iter().map(|law| per_sample_line(mean_time(law), rho)).collect()
     }
 
     /// Each rank's base level, and its current lift where it has one, shrunk by [`shrunk`] (alike
@@ -391,14 +388,14 @@ impl Balancer {
     /// (its regimes and noise): the regimes' probabilities are their mean over those iterations
     /// under the two-state chain of onsets `p` and ends `q`, `P_j(lifted) = π + (s − π)·λ^j` with
     /// `π = p/(p+q)`, `λ = 1 − p − q` and `s` 1 if lifted now, else 0.
-    fn laws(&self, horizon: f64) -> Vec<Law> {
+    fn laws(&self, horizon: i32) -> Vec<Law> {
         let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
         let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
         let jumps = self.jumps();
         let (bases, lifts) = self.levels();
         let lifted = |i: usize, now: f64| {
             let (s, lambda, pi) = (on[i] + off[i], 1.0 - on[i] - off[i], on[i] / (on[i] + off[i]).max(1e-12));
-            let mean = if s > 1e-9 { lambda * (1.0 - lambda.powf(horizon)) / (horizon * s) } else { 1.0 };
+            let mean = if s > 1e-9 { lambda * (1.0 - lambda.powi(horizon)) / (f64::from(horizon) * s) } else { 1.0 };
             pi + (now - pi) * mean
         };
         let atoms = |i: usize| match lifts[i] {
@@ -494,20 +491,24 @@ impl Balancer {
     /// The decision: in order, a candidate replaces the best so far (the equal split first) only
     /// for a gain over the same draws above [`SIGNIFICANCE`] standard errors and [`MIN_GAIN`].
     /// Also returns the probability of some onset were onsets independent.
-    fn decide(&mut self, horizon: f64) -> (Vec<usize>, f64) {
+    fn decide(&mut self, horizon: i32) -> (Vec<usize>, f64) {
         let (rho, n, transfer) = (self.shape.rho(), self.ranks.len(), self.transfer);
         let laws = self.laws(horizon);
         let windows: Vec<(f64, f64)> = self.freezes.iter().map(Freezes::windows).collect();
         let (level, phase, mut independent) = self.draws(&laws, &windows);
-        if horizon > 1.0 {
+        if horizon > 1 {
             // The shocks are counted per iteration.
-            independent = 1.0 - self.at_risk(&self.laws(1.0)).iter().map(|p| 1.0 - p).product::<f64>();
+            independent = 1.0 - self.at_risk(&self.laws(1)).iter().map(|p| 1.0 - p).product::<f64>();
         }
         let mut candidates = self.candidates(&laws, rho);
         // Each draw's time is its mean over PHASES phases of the windows, rotated by the drawn
         // ones: a window met or missed moves one draw by a whole window, and that spread, not
-        // the gain, would decide the significance test.
-        let m = if windows.iter().any(|&(length, a)| length > 0.0 && a < 1.0) { PHASES } else { 1 };
+        // the gain, would decide the significance test. Only where some window is longer than
+        // its rank's noise in time: a shorter one (a quiet host's own microsecond preemptions)
+        // adds less than the noise to a draw's spread, and averaging it would only multiply the
+        // decision's cost.
+        let noise = |i: usize| laws[i].1 * mean_time(&laws[i]) * (rho + self.sizes[i] as f64);
+        let m = if windows.iter().enumerate().any(|(i, w)| w.1 < 1.0 && w.0 > noise(i)) { PHASES } else { 1 };
         let turn = move |j: usize| move |u: &f64| (u + j as f64 / m as f64).fract();
         let turned: Vec<f64> = phase.chunks(n).flat_map(|u| (0..m).flat_map(move |j| u.iter().map(turn(j)))).collect();
         let slowest = |sizes: &[usize]| -> Vec<f64> {
@@ -623,8 +624,9 @@ impl Policy for Balancer {
                 self.since.0 = self.seen > self.cfg.warmup_iters + 1 && due;
                 if self.since.0 {
                     // The split stays in play until the next decision is due, unless a rank's
-                    // regime changes first.
-                    let horizon = (self.cost / (DECISION_SHARE * slowest)).max(1.0);
+                    // regime changes first: whole iterations, as a power of λ < 0 (a rank whose
+                    // onsets and ends are each likelier than not alternates) has no fractional one.
+                    let horizon = (self.cost / (DECISION_SHARE * slowest)).round().max(1.0).min(1e9) as i32;
                     (self.sizes, self.independent) = self.decide(horizon);
                     (self.since.1, self.since.2, self.decided_at) = (0.0, 0, x);
                 }
@@ -737,9 +739,9 @@ mod tests {
         fed(&mut bal, |i, b| (1.0 + 0.05 * i as f64) * 1e-5 * b as f64);
         assert!(bal.sizes()[1] < 126, "a rank 5% slower sheds samples: {:?}", bal.sizes());
         bal.surprise = [[0.0, 20.0], [20.0 * 1.1f64.ln(), 20.0]];
-        assert_eq!(bal.decide(1.0).0, vec![128, 128]);
+        assert_eq!(bal.decide(1).0, vec![128, 128]);
         bal.surprise = [[20.0 * 1.1f64.ln(), 20.0]; 2];
-        assert_ne!(bal.decide(1.0).0, vec![128, 128], "overruns alike for both leave the move");
+        assert_ne!(bal.decide(1).0, vec![128, 128], "overruns alike for both leave the move");
     }
 
     /// Alike ranks with ±4% noise keep the equal split: no candidate is expected faster by more
@@ -794,6 +796,26 @@ mod tests {
         for (k, &b) in history.iter().enumerate().skip(20) {
             let slow_next = k % 2 == 1;
             assert!(if slow_next { b <= 48 } else { b >= 120 }, "iteration {}: {b} ({history:?})", k + 1);
+        }
+    }
+
+    /// A rank slower every other iteration has onsets and ends each likelier than not (`λ < 0`):
+    /// its laws over any horizon are numbers. With a fractional horizon they were NaN, and its
+    /// draws and plans with them.
+    #[test]
+    fn an_alternating_rank_has_laws_over_every_horizon() {
+        let mut bal = lbbsp(256, 2);
+        for k in 0..60 {
+            let time = |i: usize, b: usize| (if i == 0 && k % 2 == 0 { 3.0 } else { 1.0 }) * 1e-5 * b as f64;
+            let obs: Vec<Observation> =
+                bal.sizes().iter().enumerate().map(|(i, &b)| Observation::new(b, time(i, b))).collect();
+            bal.observe(&obs);
+        }
+        let [_, on, lifted, off] = bal.ranks[0].counts();
+        assert!(on > 0.0 && off > 0.5 * lifted, "{:?}", bal.ranks[0].counts());
+        for h in [1, 2, 3, 7, 20, 1000] {
+            let laws = bal.laws(h);
+            assert!(laws.iter().all(|l| mean_time(l).is_finite()), "horizon {h}: {laws:?}");
         }
     }
 
