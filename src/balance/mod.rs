@@ -32,11 +32,7 @@ pub enum PolicyKind {
 impl PolicyKind {
     /// The name the recipe uses (`balance.policy`).
     pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::Bsp => "bsp",
-            PolicyKind::Lbbsp => "lbbsp",
-            PolicyKind::ProportionalEpoch => "proportional-epoch",
-        }
+        ["bsp", "lbbsp", "proportional-epoch"][self as usize]
     }
 }
 
@@ -586,13 +582,12 @@ impl Policy for Balancer {
                 self.shocks[1] *= model::COUNT_FORGETTING;
                 // A checkpoint from before freezes were measured has none.
                 self.freezes.resize(self.ranks.len(), Freezes::default());
-                self.freezes.iter_mut().zip(obs).for_each(|(f, o)| f.observe(o));
+                let times: Vec<f64> = self.freezes.iter_mut().zip(obs).map(|(f, o)| f.observe(o)).collect();
                 let shortest = obs.iter().map(|o| o.transfer_s).filter(|t| *t > 0.0).fold(f64::INFINITY, f64::min);
                 self.transfer = least_creeping(self.transfer, shortest);
                 // The cost of a decision is that of a step that took one.
                 let cost = obs.iter().map(|o| o.balance_s).fold(0.0, f64::max);
                 self.cost = if self.since.0 { least_creeping(self.cost, cost) } else { self.cost };
-                let times: Vec<f64> = obs.iter().zip(&self.freezes).map(|(o, f)| f.smoothed(o)).collect();
                 self.surprised(times.iter().copied().fold(0.0, f64::max));
                 let observed = self.ranks.iter_mut().zip(obs).zip(&times);
                 let mut jumps: Vec<f64> = observed.filter_map(|((r, o), &t)| r.observe(o.batch, t, rho)).collect();
@@ -652,6 +647,13 @@ mod tests {
 
     fn lbbsp(b: usize, n: usize) -> Balancer {
         Balancer::new(&BalanceConfig { policy: PolicyKind::Lbbsp, ..Default::default() }, b, n).unwrap()
+    }
+
+    #[test]
+    fn policy_names_are_the_recipes() {
+        for kind in [PolicyKind::Bsp, PolicyKind::Lbbsp, PolicyKind::ProportionalEpoch] {
+            assert_eq!(serde_json::to_value(kind).unwrap().as_str(), Some(kind.name()));
+        }
     }
 
     #[test]

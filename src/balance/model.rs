@@ -172,11 +172,13 @@ impl Freezes {
     /// Learns an iteration: its `compute_s` wall seconds at its CPU share, frozen for `frozen_s` of
     /// them in `preemptions` freezes, and its share `run_share` over the whole iteration before (0
     /// without a measure). Only frozen seconds make windows: time the rank slept (a stall that
-    /// scales with its work) is left to the rank's speed.
-    pub fn observe(&mut self, o: &super::Observation) {
+    /// scales with its work) is left to the rank's speed. Returns the iteration's time to learn
+    /// ([`Freezes::smoothed`]), shrunk by the spread of the iterations before it: counted in its
+    /// own shrinkage, a rank's first freeze would tell by its very size that the rate moves.
+    pub fn observe(&mut self, o: &super::Observation) -> f64 {
         let (t, share, n, whole) = (o.compute_s, o.cpu_share, o.preemptions, o.run_share);
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
-            return;
+            return t;
         }
         let (c, f) = cpu_and_frozen(o);
         let (term, weight) = if whole > 0.0 && whole.is_finite() { (whole.min(1.0), 1.0) } else { (c, t) };
@@ -184,8 +186,9 @@ impl Freezes {
         self.compute = [RUN_FORGETTING * self.compute[0] + c, RUN_FORGETTING * self.compute[1] + t];
         let (f2, f1) = if n >= 1.0 && f > 0.0 { (f * f / n, f) } else { (0.0, 0.0) };
         self.frozen = [FREEZE_FORGETTING * self.frozen[0] + f2, FREEZE_FORGETTING * self.frozen[1] + f1];
-        let d = f / c - (1.0 / self.windows().1 - 1.0);
+        let (learned, d) = (self.smoothed(o), f / c - (1.0 / self.windows().1 - 1.0));
         self.spread = [RUN_FORGETTING * self.spread[0] + d * d, RUN_FORGETTING * self.spread[1] + 1.0];
+        learned
     }
 
     /// `(L, a)`: one freeze's length (0 before any) and the running share.
