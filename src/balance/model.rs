@@ -440,6 +440,26 @@ mod tests {
         assert!(worst < 0.05, "bursts learned {:.1}% away from their times", 100.0 * worst);
     }
 
+    /// A rank's first freeze, 50 ms in two windows of a 1 ms compute, is one draw of the windows'
+    /// phase: the rank is not learned as fifty times slower (counted in its own spread, it was
+    /// learned as 32 ms).
+    #[test]
+    fn a_first_freeze_is_not_learned_as_a_speed() {
+        let mut f = Freezes::default();
+        let o = |t: f64, n: f64| super::super::Observation {
+            cpu_share: 1e-3 / t,
+            preemptions: n,
+            frozen_s: t - 1e-3,
+            run_share: 0.999,
+            ..super::super::Observation::new(64, t)
+        };
+        for _ in 0..5 {
+            f.observe(&o(1e-3, 0.0));
+        }
+        let learned = f.observe(&o(51e-3, 2.0));
+        assert!(learned < 4e-3, "learned as {:.1} ms", learned * 1e3);
+    }
+
     #[test]
     fn the_shape_is_learned_from_varied_sizes_whatever_the_speed() {
         let mut shape = Shape::new(80, 1);
