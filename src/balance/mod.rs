@@ -32,7 +32,11 @@ pub enum PolicyKind {
 impl PolicyKind {
     /// The name the recipe uses (`balance.policy`).
     pub fn name(self) -> &'static str {
-        ["bsp", "lbbsp", "proportional-epoch"][self as usize]
+        match self {
+            PolicyKind::Bsp => "bsp",
+            PolicyKind::Lbbsp => "lbbsp",
+            PolicyKind::ProportionalEpoch => "proportional-epoch",
+        }
     }
 }
 
@@ -621,6 +625,8 @@ impl Policy for Balancer {
                     // The split stays in play until the next decision is due, unless a rank's
                     // regime changes first: whole iterations, as a power of λ < 0 (a rank whose
                     // onsets and ends are each likelier than not alternates) has no fractional one.
+                    // `max` before `min`, not `clamp`: a ratio with no number plans for one.
+                    #[allow(clippy::manual_clamp)]
                     let horizon = (self.cost / (DECISION_SHARE * slowest)).round().max(1.0).min(1e9) as i32;
                     (self.sizes, self.independent) = self.decide(horizon);
                     (self.since.1, self.since.2, self.decided_at) = (0.0, 0, x);
