@@ -173,7 +173,7 @@ impl Freezes {
     /// them in `preemptions` freezes, and its share `run_share` over the whole iteration before (0
     /// without a measure). Only frozen seconds make windows: time the rank slept (a stall that
     /// scales with its work) is left to the rank's speed. Returns the iteration's time to learn
-    /// ([`Freezes::smoothed`]), shrunk by the spread of the iterations before it: counted in its
+    /// (`smoothed`, below), shrunk by the spread of the iterations before it: counted in its
     /// own shrinkage, a rank's first freeze would tell by its very size that the rate moves.
     pub fn observe(&mut self, o: &super::Observation) -> f64 {
         let (t, share, n, whole) = (o.compute_s, o.cpu_share, o.preemptions, o.run_share);
@@ -207,7 +207,10 @@ impl Freezes {
     /// most, a variance of at most `(L/c)²/4`, and a spread beyond that is the rate itself moving
     /// (a job that comes and goes), whose freezes are learned as they are, not as the long-run
     /// share (normal-means empirical Bayes, as for the levels).
-    pub fn smoothed(&self, o: &super::Observation) -> f64 {
+    ///
+    /// Private: after [`Freezes::observe`] it would count the iteration in its own spread, which is
+    /// what `observe` returns the learned time to avoid.
+    fn smoothed(&self, o: &super::Observation) -> f64 {
         let t = o.compute_s;
         let (length, a) = self.windows();
         let (c, f) = cpu_and_frozen(o);
