@@ -197,6 +197,7 @@ proptest! {
                     preemptions: 0.0,
                     frozen_s: 0.0,
                     run_share: 0.0,
+                    run_s: 0.0,
                     transfer_s: 0.0,
                     balance_s: 0.0,
                 })

@@ -57,6 +57,9 @@ pub struct Observation {
     /// The share of wall time the rank ran in its previous iteration, compute and collective (0
     /// when it has no measure).
     pub run_share: f64,
+    /// Seconds of that previous iteration, over which `run_share` was measured (0 when it has no
+    /// measure): the shares are averaged over wall time.
+    pub run_s: f64,
     /// Seconds of its previous collective spent moving data rather than waiting for slower ranks
     /// (0 when it has no measure).
     pub transfer_s: f64,
@@ -792,6 +795,7 @@ mod tests {
                         preemptions: 0.0,
                         frozen_s: 0.0,
                         run_share: 0.0,
+                        run_s: 0.0,
                         transfer_s: 0.0,
                         balance_s: 0.0,
                     }
@@ -833,7 +837,7 @@ mod tests {
     fn under_quota(run: f64, period: f64, global: usize, iterations: usize) -> Vec<usize> {
         let mut bal = lbbsp(global, 2);
         let running = |x: f64| x % period < run;
-        let (mut clock, mut sizes, mut whole) = (0.0f64, Vec::new(), 0.0);
+        let (mut clock, mut sizes, mut whole, mut last) = (0.0f64, Vec::new(), 0.0, 0.0);
         let tick = 1e-5;
         for _ in 0..iterations {
             let [b0, b1] = [bal.sizes()[0], bal.sizes()[1]];
@@ -862,6 +866,7 @@ mod tests {
                     preemptions: freezes,
                     frozen_s: wall1 - cpu(b1),
                     run_share: whole,
+                    run_s: last,
                     transfer_s: 0.0,
                     balance_s: 0.0,
                 },
@@ -869,7 +874,7 @@ mod tests {
             // The share over this iteration, which the next one reports.
             let steps = ((end - clock) / tick) as usize;
             whole = (0..steps).filter(|k| running(clock + *k as f64 * tick)).count() as f64 / steps as f64;
-            clock = end;
+            (clock, last) = (end, end - clock);
             bal.observe(&obs);
             sizes.push(bal.sizes()[1]);
         }
@@ -908,6 +913,7 @@ mod tests {
                         preemptions: f64::from(u8::from(frozen > 0.0)),
                         frozen_s: frozen,
                         run_share: 0.02,
+                        run_s: 6e-3,
                         transfer_s: 6e-3,
                         balance_s: 5e-6,
                     }

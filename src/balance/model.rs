@@ -171,17 +171,23 @@ pub struct Freezes {
 impl Freezes {
     /// Learns an iteration: its `compute_s` wall seconds at its CPU share, frozen for `frozen_s` of
     /// them in `preemptions` freezes, and its share `run_share` over the whole iteration before (0
-    /// without a measure). Only frozen seconds make windows: time the rank slept (a stall that
+    /// without a measure), which lasted `run_s` seconds: shares are averaged over wall time, as a
+    /// quota counts them (a busy-polling rank runs whole short iterations and then waits out one
+    /// long freeze; the iterations' mean share made its windows ten times rarer than they are). Only frozen seconds make windows: time the rank slept (a stall that
     /// scales with its work) is left to the rank's speed. Returns the iteration's time to learn
     /// (`smoothed`, below), shrunk by the spread of the iterations before it: counted in its
     /// own shrinkage, a rank's first freeze would tell by its very size that the rate moves.
     pub fn observe(&mut self, o: &super::Observation) -> f64 {
-        let (t, share, n, whole) = (o.compute_s, o.cpu_share, o.preemptions, o.run_share);
+        let (t, share, n, (whole, before)) = (o.compute_s, o.cpu_share, o.preemptions, (o.run_share, o.run_s));
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
             return t;
         }
         let (c, f) = cpu_and_frozen(o);
-        let (term, weight) = if whole > 0.0 && whole.is_finite() { (whole.min(1.0), 1.0) } else { (c, t) };
+        let (term, weight) = if whole > 0.0 && whole.is_finite() && before > 0.0 && before.is_finite() {
+            (whole.min(1.0) * before, before)
+        } else {
+            (c, t)
+        };
         self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
         self.compute = [RUN_FORGETTING * self.compute[0] + c, RUN_FORGETTING * self.compute[1] + t];
         let (f2, f1) = if n >= 1.0 && f > 0.0 { (f * f / n, f) } else { (0.0, 0.0) };
@@ -419,7 +425,7 @@ mod tests {
         for k in 0..400 {
             let (t, share) = if k % 7 == 3 { (125e-6, 0.8) } else { (100e-6, 1.0) };
             let o = frozen(t, share, f64::from(u8::from(k % 7 == 3)));
-            yielding.observe(&super::super::Observation { run_share: 0.02, ..o });
+            yielding.observe(&super::super::Observation { run_share: 0.02, run_s: 0.01, ..o });
         }
         assert!(yielding.windows().1 > 0.95, "{:?}", yielding.windows());
         let (length, a) = coarse.windows();
@@ -443,6 +449,32 @@ mod tests {
         assert!(worst < 0.05, "bursts learned {:.1}% away from their times", 100.0 * worst);
     }
 
+    /// A rank that busy-polls under a 50% quota of a 100 ms period runs its whole 2 ms iterations
+    /// until the quota is spent, then waits 50 ms in one: its share is that of the wall time, 0.5,
+    /// not the iterations' mean share (0.96, which made its windows ten times rarer than they are).
+    #[test]
+    fn the_running_share_is_over_wall_time() {
+        let mut f = Freezes::default();
+        // The share over the iteration before rides on this one's observation.
+        let o = |t: f64, share: f64, n: f64, (run_share, run_s): (f64, f64)| super::super::Observation {
+            cpu_share: share,
+            preemptions: n,
+            frozen_s: t * (1.0 - share),
+            run_share,
+            run_s,
+            ..super::super::Observation::new(64, t)
+        };
+        let mut before = (0.0, 0.0);
+        for k in 0..2000 {
+            let (t, share, n) = if k % 26 == 25 { (0.052, 0.002 / 0.052, 1.0) } else { (0.002, 1.0, 0.0) };
+            f.observe(&o(t, share, n, before));
+            before = (share, t);
+        }
+        let (length, a) = f.windows();
+        // Forgotten over ~100 iterations, the share moves a little over the quota's cycle.
+        assert!((length - 0.05).abs() < 1e-6 && (0.45..0.6).contains(&a), "{length} {a}");
+    }
+
     /// A rank's first freeze, 50 ms in two windows of a 1 ms compute, is one draw of the windows'
     /// phase: the rank is not learned as fifty times slower (counted in its own spread, it was
     /// learned as 32 ms).
@@ -454,6 +486,7 @@ mod tests {
             preemptions: n,
             frozen_s: t - 1e-3,
             run_share: 0.999,
+            run_s: 1e-3,
             ..super::super::Observation::new(64, t)
         };
         for _ in 0..5 {

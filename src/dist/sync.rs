@@ -46,6 +46,8 @@ pub struct RankStats {
     /// This process's CPU time over the wall time of its previous iteration, compute and collective
     /// (0 before the first): it rides on the next iteration, as `prev_sync` does.
     pub prev_run_share: f64,
+    /// The wall seconds of that previous iteration, over which `prev_run_share` was measured.
+    pub prev_run_s: f64,
     /// Seconds this rank's balancer took over its previous step (0 before the first), riding on the
     /// next iteration alike.
     pub prev_balance_s: f64,
@@ -56,7 +58,7 @@ pub struct RankStats {
 }
 
 /// 64-bit words in a [`RankStats`].
-const WORDS: usize = 11;
+const WORDS: usize = 12;
 /// f32 slots a 64-bit word travels in: 22 + 21 + 21 bits.
 const SLOTS_PER_WORD: usize = 3;
 /// f32 slots of one rank's stats in the synchronised buffer.
@@ -75,6 +77,7 @@ impl RankStats {
             preemptions: self.preemptions,
             frozen_s: self.frozen_s / threads,
             run_share: self.prev_run_share / threads,
+            run_s: self.prev_run_s,
             transfer_s: self.prev_sync.comm_s,
             balance_s: self.prev_balance_s,
         }
@@ -93,6 +96,7 @@ impl RankStats {
             self.prev_balance_s.to_bits(),
             self.prev_sync.wait_s.to_bits(),
             self.prev_sync.comm_s.to_bits(),
+            self.prev_run_s.to_bits(),
         ]
     }
 
@@ -121,6 +125,7 @@ impl RankStats {
             prev_run_share: f64::from_bits(w[7]),
             prev_balance_s: f64::from_bits(w[8]),
             prev_sync: SyncTime { wait_s: f64::from_bits(w[9]), comm_s: f64::from_bits(w[10]) },
+            prev_run_s: f64::from_bits(w[11]),
         }
     }
 }
@@ -298,6 +303,7 @@ mod tests {
             preemptions: 3.0 * rank as f64,
             frozen_s: 1e-4 * (rank as f64 + 0.5),
             prev_run_share: 0.5 / (rank as f64 + 1.0),
+            prev_run_s: 3e-3 * (rank as f64 + 1.0),
             prev_balance_s: 2e-5 * (rank as f64 + 0.25),
             prev_sync: SyncTime { wait_s: 1e-3 * rank as f64, comm_s: f64::MIN_POSITIVE },
         }
@@ -332,6 +338,7 @@ mod tests {
                     (s.preemptions, want.preemptions),
                     (s.frozen_s, want.frozen_s),
                     (s.prev_run_share, want.prev_run_share),
+                    (s.prev_run_s, want.prev_run_s),
                     (s.prev_balance_s, want.prev_balance_s),
                     (s.prev_sync.wait_s, want.prev_sync.wait_s),
                     (s.prev_sync.comm_s, want.prev_sync.comm_s),

@@ -154,6 +154,8 @@ struct Track {
     /// share over the whole iteration before (0, no measure, but under one).
     freezes: Vec<f64>,
     run_share: Vec<f64>,
+    /// The seconds of the iteration those shares are over.
+    run_s: f64,
     /// The wall clock at the start of the iteration: slice-granular processes act on it.
     clock: f64,
     idle: f64,
@@ -251,7 +253,7 @@ pub fn simulate(
             tr.clock += took;
             let seen = tr.reported(&cluster.measured);
             tr.observe(&mut obs, &share, &seen, transfer, (t + 1) % scenario.epoch_iters == 0);
-            tr.run_share = whole;
+            (tr.run_share, tr.run_s) = (whole, took);
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + collective;
@@ -535,6 +537,7 @@ impl Track {
             stretch: vec![1.0; n],
             freezes: vec![0.0; n],
             run_share: vec![0.0; n],
+            run_s: 0.0,
             clock: 0.0,
             idle: 0.0,
             span: 0.0,
@@ -572,14 +575,17 @@ impl Track {
 
     /// What each rank reports of its freezes, its preemptions and its share over the iteration
     /// before: its slices', else a measured run's.
-    fn reported(&self, measured: &[[f64; 2]]) -> Vec<[f64; 2]> {
+    fn reported(&self, measured: &[[f64; 3]]) -> Vec<[f64; 3]> {
         let pick = |own: f64, run: f64| if own > 0.0 { own } else { run };
-        measured.iter().enumerate().map(|(i, m)| [pick(self.freezes[i], m[0]), pick(self.run_share[i], m[1])]).collect()
+        // A measured share is over the measured iteration's seconds where recorded.
+        let seconds = |i: usize, m: &[f64; 3]| if self.run_share[i] > 0.0 || m[2] <= 0.0 { self.run_s } else { m[2] };
+        let each = measured.iter().enumerate();
+        each.map(|(i, m)| [pick(self.freezes[i], m[0]), pick(self.run_share[i], m[1]), seconds(i, m)]).collect()
     }
 
     /// A balancing policy observes the iteration (and the end of an epoch): each rank's wall
     /// time, and the CPU share it had (what the processes left it, less the frozen time).
-    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 2]], transfer: f64, epoch_end: bool) {
+    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 3]], transfer: f64, epoch_end: bool) {
         if !self.split.learns() {
             return;
         }
@@ -592,6 +598,7 @@ impl Track {
                 // Every second a simulated rank is off the CPU, a process took.
                 frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
                 run_share: seen[i][1],
+                run_s: seen[i][2],
                 transfer_s: transfer,
                 // A simulated decision takes no time.
                 balance_s: 0.0,

@@ -231,12 +231,14 @@ pub enum Interference {
         factors: PerRank,
         #[serde(default)]
         shares: PerRank,
-        /// Per rank of the run, its preemptions and its share over whole iterations, as recorded
-        /// (absent: none recorded).
+        /// Per rank of the run, its preemptions, its share over whole iterations and the seconds
+        /// of the iteration that share is over, as recorded (absent: none recorded).
         #[serde(default)]
         preemptions: PerRank,
         #[serde(default)]
         run_shares: PerRank,
+        #[serde(default)]
+        run_seconds: PerRank,
     },
     /// A CPU quota, as a container's limit makes one (the cgroup `cpu` controller): the rank runs
     /// at most `quota_s` of every `period_s` seconds of wall time and is frozen for the rest of the
@@ -344,9 +346,9 @@ pub struct Cluster {
     pub factor: Vec<f64>,
     /// The part of `f_i` the ranks' CPU shares do not show.
     hidden: Vec<f64>,
-    /// Each rank's preemptions and share over the whole iteration where a measured run recorded
-    /// them (0, no measure, elsewhere).
-    pub measured: Vec<[f64; 2]>,
+    /// Each rank's preemptions, share over the whole iteration before and that iteration's
+    /// seconds where a measured run recorded them (0, no measure, elsewhere).
+    pub measured: Vec<[f64; 3]>,
     /// Each rank's slice-granular process, if any: it acts on wall-clock seconds, so the
     /// simulator applies it per policy, at that policy's own clock.
     pub slices: Vec<Option<Slices>>,
@@ -381,7 +383,7 @@ enum Process {
     Trace {
         factors: Vec<Vec<f64>>,
         shares: Vec<Vec<f64>>,
-        freezes: [PerRank; 2],
+        freezes: [PerRank; 3],
     },
 }
 
@@ -464,12 +466,14 @@ impl Interference {
                     Err("rate in [0, 1], mean_iters ≥ 1 and 1 ≤ factor_low ≤ factor_high".into())
                 }
             }
-            Interference::Series { factors, shares, preemptions, run_shares } => {
+            Interference::Series { factors, shares, preemptions, run_shares, run_seconds } => {
                 let ranks_ok = |v: &PerRank| v.iter().all(|r| !r.is_empty());
-                if factors.is_empty() || ![shares, preemptions, run_shares, factors].into_iter().all(ranks_ok) {
-                    Err("factors needs at least one rank, and every rank of factors, shares, preemptions and \
-                         run_shares at least one iteration"
+                if factors.is_empty() || ![shares, preemptions, run_shares, run_seconds, factors].into_iter().all(ranks_ok) {
+                    Err("factors needs at least one rank, and every rank of factors, shares, preemptions, \
+                         run_shares and run_seconds at least one iteration"
                         .into())
+                } else if let Some(x) = run_seconds.iter().flatten().find(|x| !(**x >= 0.0 && x.is_finite())) {
+                    Err(format!("run_seconds must be seconds of 0 or more (0: not measured), got {x}"))
                 } else if let Some(x) = preemptions.iter().flatten().find(|x| !(**x >= 0.0 && x.is_finite())) {
                     Err(format!("preemptions must be counts of 0 or more, got {x}"))
                 } else if let Some(x) = run_shares.iter().flatten().find(|x| !(**x >= 0.0 && **x <= 1.0)) {
@@ -502,7 +506,7 @@ pub(crate) type PerRank = Vec<Vec<f64>>;
 
 /// The slowdowns and CPU shares of a measured run's file ([`slowdowns`] against its own
 /// [`trace_line`](super::calibrate::trace_line)).
-fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 2])> {
+fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 3])> {
     let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
     if records.first().is_none_or(|r| r.batch_sizes.is_empty()) {
         return Err(Error::data(path, "holds no iterations: record one with `lbbsp train --metrics FILE`"));
@@ -511,9 +515,9 @@ fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 2])> {
     Ok((factors, shares, freezes(&records)))
 }
 
-/// Per rank of a measured run, by iteration: its preemptions and its share over whole iterations
-/// (each empty where the run did not record them).
-pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 2] {
+/// Per rank of a measured run, by iteration: its preemptions, its share over the whole iteration
+/// before, and that iteration's seconds (each empty where the run did not record them).
+pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 3] {
     let world = records.first().map_or(0, |r| r.batch_sizes.len());
     let column = |get: &dyn Fn(&IterRecord) -> &Vec<f64>, most: f64| -> PerRank {
         if records.iter().any(|r| get(r).len() != world) {
@@ -522,7 +526,11 @@ pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 2] {
         (0..world).map(|k| records.iter().map(|r| get(r)[k].clamp(0.0, most)).collect()).collect()
     };
     // Shares as the CPU shares are replayed: of one core, at most 1.
-    [column(&|r| &r.preemptions, f64::MAX), column(&|r| &r.run_share, 1.0)]
+    let shares = column(&|r| &r.run_share, 1.0);
+    // A share is its rank's previous iteration's, over about that record's seconds.
+    let before = |t: usize| t.checked_sub(1).map_or(0.0, |p| records[p].iter_s.max(0.0));
+    let seconds = if shares.is_empty() { Vec::new() } else { vec![(0..records.len()).map(before).collect()] };
+    [column(&|r| &r.preemptions, f64::MAX), shares, seconds]
 }
 
 /// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over `line` (the
@@ -588,10 +596,10 @@ impl Process {
                 let (factors, shares, freezes) = trace_factors(path)?;
                 Process::Trace { factors, shares, freezes }
             }
-            Interference::Series { factors, shares, preemptions, run_shares } => Process::Trace {
+            Interference::Series { factors, shares, preemptions, run_shares, run_seconds } => Process::Trace {
                 factors: factors.clone(),
                 shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
-                freezes: [preemptions.clone(), run_shares.clone()],
+                freezes: [preemptions.clone(), run_shares.clone(), run_seconds.clone()],
             },
             Interference::Quota { on, quota_s, period_s } => {
                 sliced(slices, on, (*quota_s, *period_s), (seed, k));
@@ -646,7 +654,7 @@ impl Cluster {
             visible,
             factor: vec![1.0; n],
             hidden: vec![1.0; n],
-            measured: vec![[0.0; 2]; n],
+            measured: vec![[0.0; 3]; n],
             slices,
         })
     }
@@ -655,7 +663,7 @@ impl Cluster {
     pub fn step(&mut self, t: usize) {
         self.factor.iter_mut().for_each(|f| *f = 1.0);
         self.hidden.iter_mut().for_each(|f| *f = 1.0);
-        self.measured.iter_mut().for_each(|m| *m = [0.0; 2]);
+        self.measured.iter_mut().for_each(|m| *m = [0.0; 3]);
         let n = self.factor.len();
         let (factors, hidden, measured) = (&mut self.factor, &mut self.hidden, &mut self.measured);
         for (k, p) in self.processes.iter_mut().enumerate() {

@@ -82,6 +82,8 @@ pub struct Run<'a> {
     last_sync: SyncTime,
     /// This process's CPU share over its last iteration, compute and collective.
     last_run_share: f64,
+    /// The wall seconds that share was measured over.
+    last_run_s: f64,
     /// Seconds the balancer's last step took here.
     last_balance_s: f64,
     pub progress: Progress,
@@ -137,6 +139,7 @@ impl<'a> Run<'a> {
             obs: Vec::with_capacity(world),
             last_sync: SyncTime::default(),
             last_run_share: 0.0,
+            last_run_s: 0.0,
             last_balance_s: 0.0,
             progress,
             iters_per_epoch,
@@ -192,6 +195,7 @@ impl<'a> Run<'a> {
             frozen_s: cpu.frozen_s,
             // Thread ranks share one process's counters: no measure of their own.
             prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
+            prev_run_s: self.last_run_s,
             prev_balance_s: self.last_balance_s,
             prev_sync: self.last_sync,
         };
@@ -199,7 +203,8 @@ impl<'a> Run<'a> {
         self.comm.note(iter, Phase::Sync);
         let took = self.distributed_step(&mine, lr); // ---- the distributed step ----
         self.last_sync = took;
-        self.last_run_share = (crate::profile::process_cpu_s() - cpu0) / t0.elapsed().as_secs_f64().max(1e-9);
+        self.last_run_s = t0.elapsed().as_secs_f64();
+        self.last_run_share = (crate::profile::process_cpu_s() - cpu0) / self.last_run_s.max(1e-9);
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
