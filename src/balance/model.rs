@@ -178,16 +178,13 @@ impl Freezes {
     /// (`smoothed`, below), shrunk by the spread of the iterations before it: counted in its
     /// own shrinkage, a rank's first freeze would tell by its very size that the rate moves.
     pub fn observe(&mut self, o: &super::Observation) -> f64 {
-        let (t, share, n, (whole, before)) = (o.compute_s, o.cpu_share, o.preemptions, (o.run_share, o.run_s));
+        // `w`: the share over the whole iteration before, which lasted `s` seconds.
+        let (t, share, n, (w, s)) = (o.compute_s, o.cpu_share, o.preemptions, (o.run_share, o.run_s));
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
             return t;
         }
         let (c, f) = cpu_and_frozen(o);
-        let (term, weight) = if whole > 0.0 && whole.is_finite() && before > 0.0 && before.is_finite() {
-            (whole.min(1.0) * before, before)
-        } else {
-            (c, t)
-        };
+        let (term, weight) = if w > 0.0 && s > 0.0 && (w * s).is_finite() { (w.min(1.0) * s, s) } else { (c, t) };
         self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
         self.compute = [RUN_FORGETTING * self.compute[0] + c, RUN_FORGETTING * self.compute[1] + t];
         let (f2, f1) = if n >= 1.0 && f > 0.0 { (f * f / n, f) } else { (0.0, 0.0) };

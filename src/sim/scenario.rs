@@ -468,7 +468,9 @@ impl Interference {
             }
             Interference::Series { factors, shares, preemptions, run_shares, run_seconds } => {
                 let ranks_ok = |v: &PerRank| v.iter().all(|r| !r.is_empty());
-                if factors.is_empty() || ![shares, preemptions, run_shares, run_seconds, factors].into_iter().all(ranks_ok) {
+                if factors.is_empty()
+                    || ![shares, preemptions, run_shares, run_seconds, factors].into_iter().all(ranks_ok)
+                {
                     Err("factors needs at least one rank, and every rank of factors, shares, preemptions, \
                          run_shares and run_seconds at least one iteration"
                         .into())
