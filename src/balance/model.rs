@@ -173,8 +173,9 @@ impl Freezes {
     /// them in `preemptions` freezes, and its share `run_share` over the whole iteration before (0
     /// without a measure), which lasted `run_s` seconds: shares are averaged over wall time, as a
     /// quota counts them (a busy-polling rank runs whole short iterations and then waits out one
-    /// long freeze; the iterations' mean share made its windows ten times rarer than they are). Only frozen seconds make windows: time the rank slept (a stall that
-    /// scales with its work) is left to the rank's speed. Returns the iteration's time to learn
+    /// long freeze; the iterations' mean share made its windows ten times rarer than they are).
+    /// Only frozen seconds make windows: time the rank slept (a stall that scales with its work)
+    /// is left to the rank's speed. Returns the iteration's time to learn
     /// (`smoothed`, below), shrunk by the spread of the iterations before it: counted in its
     /// own shrinkage, a rank's first freeze would tell by its very size that the rate moves.
     pub fn observe(&mut self, o: &super::Observation) -> f64 {
