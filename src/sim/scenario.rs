@@ -529,8 +529,7 @@ pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 3] {
     };
     // Shares as the CPU shares are replayed: of one core, at most 1.
     let shares = column(&|r| &r.run_share, 1.0);
-    // A share is its rank's previous iteration's, over about that record's seconds.
-    let before = |t: usize| t.checked_sub(1).map_or(0.0, |p| records[p].iter_s.max(0.0));
+    let before = |t: usize| crate::train::metrics::seconds_before(records, t);
     let seconds = if shares.is_empty() { Vec::new() } else { vec![(0..records.len()).map(before).collect()] };
     [column(&|r| &r.preemptions, f64::MAX), shares, seconds]
 }

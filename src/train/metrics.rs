@@ -203,6 +203,13 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
 }
 
+/// The seconds a record's `run_share` was measured over: each rank's share rides on the record
+/// after its iteration, so it is about the record before's `iter_s` (rank 0's wall time; 0 for the
+/// first record, which has no share).
+pub fn seconds_before(records: &[IterRecord], t: usize) -> f64 {
+    t.checked_sub(1).map_or(0.0, |p| records[p].iter_s.max(0.0))
+}
+
 /// Reads a JSONL metrics file.
 pub fn read_records(path: &Path) -> Result<Vec<IterRecord>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
