@@ -380,9 +380,8 @@ impl Balancer {
         let raw: Vec<f64> = self.ranks.iter().map(RankModel::base).collect();
         let var: Vec<f64> = self.ranks.iter().map(|r| r.noise() * r.noise() * model::BASE_WEIGHT).collect();
         let bases = shrunk(&raw, &var);
-        let lifted: Vec<(f64, f64)> =
-            self.ranks.iter().filter_map(|r| Some((r.lift()?, r.noise() * r.noise() * model::LIFT_WEIGHT))).collect();
-        let (raw, var): (Vec<f64>, Vec<f64>) = lifted.into_iter().unzip();
+        let lifted = self.ranks.iter().filter_map(|r| Some((r.lift()?, r.noise() * r.noise() * model::LIFT_WEIGHT)));
+        let (raw, var): (Vec<f64>, Vec<f64>) = lifted.unzip();
         let mut lifts = shrunk(&raw, &var).into_iter();
         (bases, self.ranks.iter().map(|r| r.lift().and_then(|_| lifts.next())).collect())
     }
@@ -413,10 +412,7 @@ impl Balancer {
         let median = self.median_onset();
         let n = self.onsets.len().max(1) as f64;
         let spread = self.onsets.iter().map(|j| (j - median) * (j - median)).sum::<f64>() / n;
-        let own = |r: &RankModel| match r.jump() {
-            (j, c) if c >= 1.0 => (j, spread / c),
-            _ => (median, 0.0),
-        };
+        let own = |r: &RankModel| Some(r.jump()).filter(|j| j.1 >= 1.0).map_or((median, 0.0), |(j, c)| (j, spread / c));
         let (own, var): (Vec<f64>, Vec<f64>) = self.ranks.iter().map(own).unzip();
         shrunk(&own, &var)
     }
@@ -537,8 +533,13 @@ impl Balancer {
         // equal split's its iterations have overrun what was expected of them.
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (t_eq, t_best) = (mean(&equal), mean(&best.0));
-        let bias = |k: usize| self.surprise[k][0] / (self.surprise[k][1] + SURPRISE_PRIOR);
-        let moved = best.1 != 0 && (t_eq / t_best).ln() - (bias(1) - bias(0)).max(0.0) > MIN_GAIN;
+        // Each kind's overrun is shrunk towards both kinds' pooled one, not to none: the model's
+        // expectation and the slowest compute time it is scored by differ by the collective's
+        // stall, alike for both kinds, and shrunk to none that offset, measured on the equal split
+        // alone, would hold back every first move and so never be measured on moves.
+        let ([s0, w0], [s1, w1], k) = (self.surprise[0], self.surprise[1], SURPRISE_PRIOR);
+        let (pool, gain) = (k * (s0 + s1) / (w0 + w1).max(1e-12), (t_eq / t_best).ln());
+        let moved = best.1 != 0 && gain - ((s1 + pool) / (w1 + k) - (s0 + pool) / (w0 + k)).max(0.0) > MIN_GAIN;
         self.chosen = Some(if moved { (t_best, true) } else { (t_eq, false) });
         (candidates.swap_remove(if moved { best.1 } else { 0 }), independent)
     }
@@ -753,6 +754,11 @@ mod tests {
         assert_eq!(bal.decide(1).0, vec![128, 128]);
         bal.surprise = [[20.0 * 1.1f64.ln(), 20.0]; 2];
         assert_ne!(bal.decide(1).0, vec![128, 128], "overruns alike for both leave the move");
+        // The equal split's iterations ran at half what was expected (a stall the expectation has
+        // and the scored time has not), and no move was ever scored: that offset is the moves'
+        // best guess too, so it holds back no first move.
+        bal.surprise = [[20.0 * 0.5f64.ln(), 20.0], [0.0, 0.0]];
+        assert_ne!(bal.decide(1).0, vec![128, 128], "an offset seen on the equal split alone leaves the move");
     }
 
     /// Alike ranks with ±4% noise keep the equal split: no candidate is expected faster by more
