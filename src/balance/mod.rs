@@ -323,10 +323,8 @@ const MOVED_SHARE: f64 = 0.01;
 /// `least` grown by [`TRANSFER_CREEP`], or `x` where that is less (`least` 0: none yet; `x` not a
 /// positive number: no measure).
 fn least_creeping(least: f64, x: f64) -> f64 {
-    if !(x > 0.0 && x.is_finite()) {
-        return least;
-    }
-    x.min(if least > 0.0 { least * TRANSFER_CREEP } else { f64::INFINITY })
+    let creep = if least > 0.0 { least * TRANSFER_CREEP } else { f64::INFINITY };
+    Some(x).filter(|x| *x > 0.0 && x.is_finite()).map_or(least, |x| x.min(creep))
 }
 
 /// Shocks whose lifts are kept, pooled over the ranks.
@@ -464,14 +462,18 @@ impl Balancer {
         laws.iter().zip(&self.ranks).filter(|(_, r)| r.lift().is_none()).map(|(l, _)| l.0[1].0).collect()
     }
 
-    /// The candidates: the equal split, then [`equalize`]'s split of the laws planned at their means
-    /// and at each common quantile (above [`FLOOR`] of the mean plan). From the laws, not the
-    /// draws: a plan fitted to the draws it is judged on would win by their sampling noise.
-    fn candidates(&self, laws: &[Law], rho: f64) -> Vec<Vec<usize>> {
+    /// The candidates: the equal split, then [`equalize`]'s split of the laws planned at their means,
+    /// and above [`FLOOR`] of that plan, at each common quantile and at their long-run wall time (a
+    /// freezing rank's mean over its running share, which is what proportional-epoch learns: the
+    /// draws' phases are unknown, and over them it can beat a plan of the next iteration alone).
+    /// From the laws, not the draws: a plan fitted to the draws it is judged on would win by their
+    /// sampling noise.
+    fn candidates(&self, laws: &[Law], rho: f64, windows: &[(f64, f64)]) -> Vec<Vec<usize>> {
         let line = |x: f64| per_sample_line(x, rho);
-        let mut plans: Vec<Vec<Line>> = vec![Vec::with_capacity(laws.len()); 1 + QUANTILES.len()];
-        for law @ (atoms, sigma) in laws {
+        let mut plans: Vec<Vec<Line>> = vec![Vec::with_capacity(laws.len()); 2 + QUANTILES.len()];
+        for (law @ (atoms, sigma), w) in laws.iter().zip(windows) {
             plans[0].push(line(mean_time(law)));
+            plans[1 + QUANTILES.len()].push(line(mean_time(law) / if w.0 > 0.0 { w.1 } else { 1.0 }));
             let (lo, hi) = if atoms[0].1 <= atoms[1].1 { (atoms[0], atoms[1]) } else { (atoms[1], atoms[0]) };
             for (k, (q, z)) in QUANTILES.iter().enumerate() {
                 let x = if lo.0 >= *q { lo.1 } else { hi.1 };
@@ -499,7 +501,7 @@ impl Balancer {
             // The shocks are counted per iteration.
             independent = 1.0 - self.at_risk(&self.laws(1)).iter().map(|p| 1.0 - p).product::<f64>();
         }
-        let mut candidates = self.candidates(&laws, rho);
+        let mut candidates = self.candidates(&laws, rho, &windows);
         // Each draw's time is its mean over PHASES phases of the windows, rotated by the drawn
         // ones: a window met or missed moves one draw by a whole window, and that spread, not
         // the gain, would decide the significance test. Only where some window is longer than

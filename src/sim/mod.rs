@@ -733,6 +733,19 @@ bytes = 0.0
         assert_eq!((late.recovery.clone(), oracle.recovery.clone()), (vec![1], vec![0]));
     }
 
+    /// A quota that freezes ranks in windows about as long as an iteration (`quota-short`): where
+    /// a window falls in the next iteration is not known, and the long-run share that
+    /// proportional-epoch learns beats every plan of the next iteration alone. lbbsp has that plan
+    /// among its candidates (above a floor that keeps the rank from starving) and gains beyond it.
+    #[test]
+    fn lbbsp_plans_the_long_run_share_of_a_rank_frozen_in_short_windows() {
+        let (_, text) = crate::sim::scenario::SHIPPED.iter().find(|(n, _)| *n == "quota-short").unwrap();
+        let s = Scenario::parse(text, Path::new("quota-short")).unwrap();
+        let r = simulate(&s, 16, &BalanceConfig::default(), None).unwrap();
+        let (lb, prop) = (r.get(SimPolicy::Lbbsp).unwrap(), r.get(SimPolicy::ProportionalEpoch).unwrap());
+        assert!(lb.samples_per_s > 1.05 * prop.samples_per_s && lb.longest_starved <= 5, "{lb:?} {prop:?}");
+    }
+
     /// Noise alone at scale: among thousands of ranks some per-rank fits come out degenerate from
     /// sizes that barely moved; lbbsp must still stay with the Bayes oracle (which, with nothing but
     /// noise, splits by the true lines) and starve nobody.
