@@ -472,8 +472,9 @@ impl Balancer {
         let line = |x: f64| per_sample_line(x, rho);
         let mut plans: Vec<Vec<Line>> = vec![Vec::with_capacity(laws.len()); 2 + QUANTILES.len()];
         for (law @ (atoms, sigma), w) in laws.iter().zip(windows) {
-            plans[0].push(line(mean_time(law)));
-            plans[1 + QUANTILES.len()].push(line(mean_time(law) / if w.0 > 0.0 { w.1 } else { 1.0 }));
+            let expected = mean_time(law);
+            plans[0].push(line(expected));
+            plans[1 + QUANTILES.len()].push(line(expected / if w.0 > 0.0 { w.1 } else { 1.0 }));
             let (lo, hi) = if atoms[0].1 <= atoms[1].1 { (atoms[0], atoms[1]) } else { (atoms[1], atoms[0]) };
             for (k, (q, z)) in QUANTILES.iter().enumerate() {
                 let x = if lo.0 >= *q { lo.1 } else { hi.1 };

@@ -739,8 +739,7 @@ bytes = 0.0
     /// among its candidates (above a floor that keeps the rank from starving) and gains beyond it.
     #[test]
     fn lbbsp_plans_the_long_run_share_of_a_rank_frozen_in_short_windows() {
-        let (_, text) = crate::sim::scenario::SHIPPED.iter().find(|(n, _)| *n == "quota-short").unwrap();
-        let s = Scenario::parse(text, Path::new("quota-short")).unwrap();
+        let s = crate::sim::scenario::resolve("quota-short").unwrap();
         let r = simulate(&s, 16, &BalanceConfig::default(), None).unwrap();
         let (lb, prop) = (r.get(SimPolicy::Lbbsp).unwrap(), r.get(SimPolicy::ProportionalEpoch).unwrap());
         assert!(lb.samples_per_s > 1.05 * prop.samples_per_s && lb.longest_starved <= 5, "{lb:?} {prop:?}");
@@ -751,8 +750,7 @@ bytes = 0.0
     /// noise, splits by the true lines) and starve nobody.
     #[test]
     fn lbbsp_keeps_up_with_the_bayes_oracle_under_noise_at_scale() {
-        let (_, text) = crate::sim::scenario::SHIPPED.iter().find(|(n, _)| *n == "quiet").unwrap();
-        let mut s = Scenario::parse(text, Path::new("quiet")).unwrap();
+        let mut s = crate::sim::scenario::resolve("quiet").unwrap();
         s.iterations = 300;
         let r = simulate(&s, 3000, &BalanceConfig::default(), None).unwrap();
         let (lb, bayes) = (r.get(SimPolicy::Lbbsp).unwrap(), r.get(SimPolicy::BayesOracle).unwrap());
