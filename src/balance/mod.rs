@@ -185,10 +185,8 @@ fn shrunk_rates(counts: impl Iterator<Item = (f64, f64)>) -> Vec<f64> {
         let sum = |w: &dyn Fn(f64) -> f64| {
             counts.iter().zip(&high).fold((0.0, 0.0), |a, (&(h, o), &p)| (a.0 + w(p) * h, a.1 + w(p) * o))
         };
-        let (h1, o1) = sum(&|p| p);
-        let (h0, o0) = sum(&|p| 1.0 - p);
-        hi = clamp((h1 + pooled) / (o1 + 1.0));
-        lo = clamp((h0 + pooled) / (o0 + 1.0));
+        let ((h1, o1), (h0, o0)) = (sum(&|p| p), sum(&|p| 1.0 - p));
+        (hi, lo) = (clamp((h1 + pooled) / (o1 + 1.0)), clamp((h0 + pooled) / (o0 + 1.0)));
         share = (high.iter().sum::<f64>() / counts.len().max(1) as f64).clamp(1e-3, 1.0 - 1e-3);
     }
     high.iter().map(|p| p * hi + (1.0 - p) * lo).collect()
@@ -251,9 +249,12 @@ pub struct Balancer {
     /// The expected slowest time of the split the last decision chose, and whether that split was
     /// a move (not the equal split).
     chosen: Option<(f64, bool)>,
-    /// For the equal split and for moves: forgotten sums of `ln(slowest / expected)` and their
-    /// weights.
-    surprise: [[f64; 2]; 2],
+    /// The equal split's expected slowest time at that decision: a move is scored against what
+    /// the equal split would have taken at the speeds the iteration had.
+    equal_expected: f64,
+    /// For the equal split and for moves: forgotten sums of the slowest times, of what was expected
+    /// of them, and of the iterations scored.
+    overruns: [[f64; 3]; 2],
     /// The collective's own transfer: the least of the iterations' shortest transfers of any rank,
     /// forgotten by growing [`TRANSFER_CREEP`] an iteration (one that a freeze stretched is longer).
     transfer: f64,
@@ -334,11 +335,10 @@ impl Balancer {
     /// Starts from the equal split; fails with a clear message when no split respects the bounds.
     pub fn new(cfg: &BalanceConfig, global_batch: usize, world: usize) -> Result<Balancer> {
         cfg.validate()?;
-        let bounds = cfg.bounds(global_batch, world)?;
         Ok(Balancer {
             cfg: cfg.clone(),
             global_batch,
-            bounds,
+            bounds: cfg.bounds(global_batch, world)?,
             sizes: equal_split(global_batch, world),
             ranks: vec![RankModel::default(); world],
             freezes: vec![Freezes::default(); world],
@@ -533,27 +533,40 @@ impl Balancer {
         }
         // The winner's curse: the best of several estimates is their most optimistic one, so a
         // move realises less than it expects. Its gain counts only beyond how much more than the
-        // equal split's its iterations have overrun what was expected of them.
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        // equal split's (scored beside it at the same speeds) its iterations have overrun what
+        // was expected of them, in time: a mean of logs would read a rank slow in every other
+        // iteration as a gain (Jensen). Each kind's ratio is shrunk towards both kinds' pooled
+        // one, not to none: the expectation and the slowest compute time it is scored by differ
+        // by the collective's stall, alike for both kinds.
+        let (mean, [o0, o1]) = (|v: &[f64]| v.iter().sum::<f64>() / v.len() as f64, self.overruns);
         let (t_eq, t_best) = (mean(&equal), mean(&best.0));
-        // Each kind's overrun is shrunk towards both kinds' pooled one, not to none: the model's
-        // expectation and the slowest compute time it is scored by differ by the collective's
-        // stall, alike for both kinds, and shrunk to none that offset, measured on the equal split
-        // alone, would hold back every first move and so never be measured on moves.
-        let ([s0, w0], [s1, w1], k) = (self.surprise[0], self.surprise[1], SURPRISE_PRIOR);
-        let (pool, gain) = (k * (s0 + s1) / (w0 + w1).max(1e-12), (t_eq / t_best).ln());
-        let moved = best.1 != 0 && gain - ((s1 + pool) / (w1 + k) - (s0 + pool) / (w0 + k)).max(0.0) > MIN_GAIN;
+        let (pooled, per) = ((o0[0] + o1[0]) / (o0[1] + o1[1]).max(1e-300), (o0[1] + o1[1]) / (o0[2] + o1[2]).max(1.0));
+        let ratio = |o: [f64; 3]| (o[0] + SURPRISE_PRIOR * pooled * per) / (o[1] + SURPRISE_PRIOR * per).max(1e-300);
+        let overrun = if per > 0.0 { (ratio(o1) / ratio(o0)).ln().max(0.0) } else { 0.0 };
+        let moved = best.1 != 0 && (t_eq / t_best).ln() - overrun > MIN_GAIN;
         self.chosen = Some(if moved { (t_best, true) } else { (t_eq, false) });
+        self.equal_expected = t_eq;
         (candidates.swap_remove(if moved { best.1 } else { 0 }), independent)
     }
 
-    /// Learns how the last decision's split overran what it expected: `slowest` is the iteration's.
-    fn surprised(&mut self, slowest: f64) {
-        // Each decision is scored once, by the iteration right after it.
+    /// Scores the last decision by the iteration after it: the split that ran by its slowest of
+    /// `times` (at the sizes of `obs`); beside a move, the equal split by its slowest at each rank's
+    /// speed of the same iteration, so that both kinds meet the same speeds.
+    fn surprised(&mut self, obs: &[Observation], times: &[f64], rho: f64) {
+        let equal = equal_split(self.global_batch, obs.len()).into_iter().zip(obs.iter().zip(times));
+        let equal = equal.map(|(e, (o, t))| t * (rho + e as f64) / (rho + o.batch as f64)).fold(0.0, f64::max);
+        let slowest = times.iter().copied().fold(0.0, f64::max);
+        // Not where a rank freezes in windows: there a split gains by where each rank's compute
+        // ends in them, which no line in the batch prices.
+        let priced =
+            equal.is_finite() && self.equal_expected > 0.0 && self.freezes.iter().all(|f| f.windows().0 <= 0.0);
         if let Some((expected, moved)) = self.chosen.take().filter(|_| slowest > 0.0 && slowest.is_finite()) {
-            self.surprise.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
-            let s = &mut self.surprise[usize::from(moved)];
-            *s = [s[0] + (slowest / expected).ln(), s[1] + 1.0];
+            self.overruns.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
+            let mut score = |k: usize, t: f64, e: f64| (0..3).for_each(|j| self.overruns[k][j] += [t, e, 1.0][j]);
+            if moved && priced {
+                score(0, equal, self.equal_expected);
+            }
+            score(usize::from(moved), slowest, expected);
         }
     }
 }
@@ -599,7 +612,7 @@ impl Policy for Balancer {
                 // The cost of a decision is that of a step that took one.
                 let cost = obs.iter().map(|o| o.balance_s).fold(0.0, f64::max);
                 self.cost = if self.since.0 { least_creeping(self.cost, cost) } else { self.cost };
-                self.surprised(times.iter().copied().fold(0.0, f64::max));
+                self.surprised(obs, &times, rho);
                 let observed = self.ranks.iter_mut().zip(obs).zip(&times);
                 let mut jumps: Vec<f64> = observed.filter_map(|((r, o), &t)| r.observe(o.batch, t, rho)).collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
@@ -753,15 +766,32 @@ mod tests {
         let mut bal = lbbsp(256, 2);
         fed(&mut bal, |i, b| (1.0 + 0.05 * i as f64) * 1e-5 * b as f64);
         assert!(bal.sizes()[1] < 126, "a rank 5% slower sheds samples: {:?}", bal.sizes());
-        bal.surprise = [[0.0, 20.0], [20.0 * 1.1f64.ln(), 20.0]];
+        bal.overruns = [[20.0, 20.0, 20.0], [22.0, 20.0, 20.0]];
         assert_eq!(bal.decide(1).0, vec![128, 128]);
-        bal.surprise = [[20.0 * 1.1f64.ln(), 20.0]; 2];
+        bal.overruns = [[22.0, 20.0, 20.0]; 2];
         assert_ne!(bal.decide(1).0, vec![128, 128], "overruns alike for both leave the move");
         // The equal split's iterations ran at half what was expected (a stall the expectation has
         // and the scored time has not), and no move was ever scored: that offset is the moves'
         // best guess too, so it holds back no first move.
-        bal.surprise = [[20.0 * 0.5f64.ln(), 20.0], [0.0, 0.0]];
+        bal.overruns = [[10.0, 20.0, 20.0], [0.0; 3]];
         assert_ne!(bal.decide(1).0, vec![128, 128], "an offset seen on the equal split alone leaves the move");
+    }
+
+    /// Overruns are of the time, not of its logarithm: where the slowest rank is slow in every
+    /// other iteration, the equal split's times are right on average, and the mean of their logs
+    /// would read them as faster than expected (by Jensen's inequality), holding back moves.
+    /// Each move scores the equal split too, at the speeds its iteration had.
+    #[test]
+    fn a_move_is_scored_beside_the_equal_split_by_their_times() {
+        let mut bal = lbbsp(256, 2);
+        // Rank 0 takes 0.5 s at 192 samples; rank 1, at 64, 0.25 s or 0.75 s (0.5 s or 1.5 s at 128).
+        for t1 in [0.25, 0.75].repeat(10) {
+            (bal.chosen, bal.equal_expected) = (Some((0.625, true)), 1.0);
+            bal.surprised(&[Observation::new(192, 0.5), Observation::new(64, t1)], &[0.5, t1], 0.0);
+        }
+        let [o0, o1] = bal.overruns;
+        assert!((o0[0] / o0[1] - 1.0).abs() < 0.01 && (o1[0] / o1[1] - 1.0).abs() < 0.01, "{o0:?} {o1:?}");
+        assert!((o0[2] - o1[2]).abs() < 1e-9, "each move scores both kinds once: {o0:?} {o1:?}");
     }
 
     /// Alike ranks with ±4% noise keep the equal split: no candidate is expected faster by more

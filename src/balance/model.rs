@@ -327,15 +327,7 @@ impl RankModel {
         }
         let x = (t / (rho + b)).ln();
         if !self.started {
-            *self = RankModel {
-                started: true,
-                base: x,
-                noise: PRIOR_NOISE,
-                base_size: b,
-                lifted: None,
-                jump: 0.0,
-                counts: [0.0; 4],
-            };
+            *self = RankModel { started: true, base: x, noise: PRIOR_NOISE, base_size: b, ..RankModel::default() };
             return None;
         }
         let d = x - self.base;
