@@ -131,7 +131,7 @@ fn per_sample_cpu(metrics: &Path) -> (Vec<f64>, Vec<f64>) {
         let cpu = r.compute_s[0] * r.cpu_share[0] / r.batch_sizes[0] as f64;
         match r.frozen_s[0] {
             f if f >= 3e-4 => frozen.push(cpu),
-            f if f == 0.0 => running.push(cpu),
+            0.0 => running.push(cpu),
             _ => {}
         }
     }
