@@ -553,18 +553,19 @@ impl Balancer {
     /// `times` (at the sizes of `obs`); beside a move, the equal split by its slowest at each rank's
     /// speed of the same iteration, so that both kinds meet the same speeds.
     fn surprised(&mut self, obs: &[Observation], times: &[f64], rho: f64) {
-        let equal = equal_split(self.global_batch, obs.len()).into_iter().zip(obs.iter().zip(times));
-        let equal = equal.map(|(e, (o, t))| t * (rho + e as f64) / (rho + o.batch as f64)).fold(0.0, f64::max);
         let slowest = times.iter().copied().fold(0.0, f64::max);
-        // Not where a rank freezes in windows: there a split gains by where each rank's compute
-        // ends in them, which no line in the batch prices.
-        let priced =
-            equal.is_finite() && self.equal_expected > 0.0 && self.freezes.iter().all(|f| f.windows().0 <= 0.0);
+        // Each decision is scored once, by the iteration right after it.
         if let Some((expected, moved)) = self.chosen.take().filter(|_| slowest > 0.0 && slowest.is_finite()) {
             self.overruns.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
             let mut score = |k: usize, t: f64, e: f64| (0..3).for_each(|j| self.overruns[k][j] += [t, e, 1.0][j]);
-            if moved && priced {
-                score(0, equal, self.equal_expected);
+            // Not where a rank freezes in windows: there a split gains by where each rank's
+            // compute ends in them, which no line in the batch prices.
+            if moved && self.equal_expected > 0.0 && self.freezes.iter().all(|f| f.windows().0 <= 0.0) {
+                let equal = equal_split(self.global_batch, obs.len()).into_iter().zip(obs.iter().zip(times));
+                let equal = equal.map(|(e, (o, t))| t * (rho + e as f64) / (rho + o.batch as f64)).fold(0.0, f64::max);
+                if equal.is_finite() {
+                    score(0, equal, self.equal_expected);
+                }
             }
             score(usize::from(moved), slowest, expected);
         }
