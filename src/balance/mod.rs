@@ -851,6 +851,31 @@ mod tests {
         }
     }
 
+    /// A rank 4× slower in every other iteration, with a fixed cost of a quarter of the equal share
+    /// (the stress test's measured case): the shape cannot be told from its sizes while every
+    /// iteration changes its speed, and a shape of 0 would read its fewer samples as slower ones.
+    #[test]
+    fn an_alternating_rank_with_a_fixed_cost_keeps_half_its_share() {
+        let mut bal = lbbsp(128, 2);
+        let (mut rng, mut run, mut longest) = (Rng::from_keys(&[7]), 0, 0);
+        for k in 0..400 {
+            let f = |i: usize| if i == 1 && k % 2 == 0 { 4.0 } else { 1.0 };
+            let obs: Vec<Observation> = (0..2)
+                .map(|i| {
+                    let b = bal.sizes()[i];
+                    let t = f(i) * 2.4e-5 * (15.0 + b as f64) * (1.0 + 0.05 * rng.normal() as f64);
+                    Observation { cpu_share: 0.6f64.powf(f(i).log(4.0)), ..Observation::new(b, t) }
+                })
+                .collect();
+            // The equal-time share of rank 1 at this iteration's speeds: (15 + b1)·f = 15 + b0.
+            let share = (143.0 - 15.0 * f(1)) / (1.0 + f(1));
+            run = if (bal.sizes()[1] as f64) < 0.5 * share { run + 1 } else { 0 };
+            longest = longest.max(run);
+            bal.observe(&obs);
+        }
+        assert!(longest <= 5, "rank 1 below half its share for {longest} iterations");
+    }
+
     /// A rank slower every other iteration has onsets and ends each likelier than not (`λ < 0`):
     /// its laws over any horizon are numbers. With a fractional horizon they were NaN, and its
     /// draws and plans with them.

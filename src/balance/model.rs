@@ -63,12 +63,12 @@ const SHAPE_RANKS: usize = 256;
 pub struct Shape {
     grid: Vec<f64>,
     errors: Vec<f64>,
-    /// Per fitted rank and grid value, its level before the last iteration and after it (empty
-    /// until its first iteration).
-    levels: Vec<Vec<[f64; 2]>>,
-    /// Per fitted rank, whether its level before the last iteration holds more than that
-    /// iteration alone.
-    lagged: Vec<bool>,
+    /// Per fitted rank, its current regime's and its other regime's levels: per grid value, the
+    /// level before the regime's last iteration and after it (empty until its first), and whether
+    /// the level before holds more than that iteration alone. A checkpoint from before the regimes
+    /// has none, and relearns them in two iterations.
+    #[serde(default)]
+    regimes: Vec<[(Vec<[f64; 2]>, bool); 2]>,
     stride: usize,
     /// The grid value in use.
     chosen: usize,
@@ -85,14 +85,7 @@ impl Shape {
         let share = global_batch as f64 / world.max(1) as f64;
         let grid: Vec<f64> = std::iter::once(0.0).chain((-12..=8).map(|k| share * 2f64.powf(k as f64 / 2.0))).collect();
         let stride = world.div_ceil(SHAPE_RANKS).max(1);
-        Shape {
-            errors: vec![0.0; grid.len()],
-            grid,
-            levels: vec![Vec::new(); world.div_ceil(stride)],
-            lagged: vec![false; world.div_ceil(stride)],
-            stride,
-            ..Shape::default()
-        }
+        Shape { errors: vec![0.0; grid.len()], grid, stride, ..Shape::default() }
     }
 
     /// `ρ`: the grid value of least error (0, proportional, until one is told apart).
@@ -102,20 +95,24 @@ impl Shape {
 
     /// Learns an iteration's sizes and CPU seconds, one pair per rank.
     pub fn observe(&mut self, iteration: &[(f64, f64)]) {
-        self.errors.iter_mut().for_each(|e| *e *= SHAPE_FORGETTING);
-        self.against.iter_mut().flatten().for_each(|a| *a *= SHAPE_FORGETTING);
+        self.errors.iter_mut().chain(self.against.iter_mut().flatten()).for_each(|e| *e *= SHAPE_FORGETTING);
         self.terms *= SHAPE_FORGETTING;
-        let fitted = self.levels.iter_mut().zip(self.lagged.iter_mut()).zip(iteration.iter().step_by(self.stride));
-        for ((levels, lagged), &(b, cpu)) in fitted.filter(|(_, &(b, c))| b > 0.0 && c > 0.0 && c.is_finite()) {
+        self.regimes.resize(iteration.len().div_ceil(self.stride), Default::default());
+        let fitted = self.regimes.iter_mut().zip(iteration.iter().step_by(self.stride));
+        for (regimes, &(b, cpu)) in fitted.filter(|(_, &(b, c))| b > 0.0 && c > 0.0 && c.is_finite()) {
             let xs: Vec<f64> = self.grid.iter().map(|g| (cpu / (g + b)).ln()).collect();
-            // A change of speed that no value explains (a job came or went) starts the levels
-            // afresh: their catching up would read as shape.
-            let unexplained = levels.iter().zip(&xs).all(|(l, x)| (x - l[1]).abs() > SHAPE_CLIP);
-            if levels.is_empty() || unexplained {
-                *levels = xs.iter().map(|&x| [x, x]).collect();
-                *lagged = false;
-                continue;
+            // A change of speed that no value explains (a job came or went, a rank slowed in every
+            // other iteration) swaps in the levels of the other regime, or starts them afresh and
+            // keeps the old ones as that regime: catching up would read as shape.
+            let explains = |levels: &[[f64; 2]]| levels.iter().zip(&xs).any(|(l, x)| (x - l[1]).abs() <= SHAPE_CLIP);
+            if !explains(&regimes[0].0) {
+                regimes.swap(0, 1);
+                if !explains(&regimes[0].0) {
+                    regimes[0] = (xs.iter().map(|&x| [x, x]).collect(), false);
+                    continue;
+                }
             }
+            let (levels, lagged) = &mut regimes[0];
             let squares: Vec<f64> =
                 levels.iter().zip(&xs).map(|(l, x)| (x - l[0]).abs().min(SHAPE_CLIP).powi(2)).collect();
             levels.iter_mut().zip(&xs).for_each(|(l, x)| *l = [l[1], l[1] + SHAPE_GAIN * (x - l[1])]);
@@ -140,8 +137,7 @@ impl Shape {
         let s2 = (self.errors[best] + SHAPE_PRIOR_TERMS * 0.01) / (self.terms + SHAPE_PRIOR_TERMS);
         let likelier = (self.errors[self.chosen] - self.errors[best]) / (2.0 * s2) > 2.0;
         if likelier && self.against.get(best).is_some_and(|[d, d2]| *d > SHAPE_SIGNIFICANCE * d2.sqrt()) {
-            self.chosen = best;
-            self.against.iter_mut().for_each(|a| *a = [0.0; 2]);
+            (self.chosen, self.against) = (best, vec![[0.0; 2]; self.grid.len()]);
         }
     }
 }
@@ -334,8 +330,7 @@ impl RankModel {
         let lifted = d > self.threshold();
         self.counts.iter_mut().for_each(|c| *c *= COUNT_FORGETTING);
         let was = self.lifted.is_some();
-        let k = if was { 2 } else { 0 };
-        self.counts[k] += 1.0;
+        self.counts[if was { 2 } else { 0 }] += 1.0;
         let mut onset = None;
         if lifted {
             self.lifted = Some(match self.lifted {
@@ -355,8 +350,7 @@ impl RankModel {
             // Faster than the base by twice what makes a lift: a job there from the start has
             // left, and the base moves at once (within that, it may be the noise's tail).
             if d < -2.0 * self.threshold() {
-                self.base = x;
-                self.base_size = b;
+                (self.base, self.base_size) = (x, b);
             } else {
                 self.noise = NOISE_FORGETTING * self.noise + (1.0 - NOISE_FORGETTING) * d * d;
                 self.base += BASE_GAIN * d;
