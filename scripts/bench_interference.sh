@@ -31,6 +31,10 @@
 # A/A blocks, one run per share that holds that split all run long (bsp with `balance.replay`), and
 # paired.py prints each one's ratio to the pair's bsp run: the best split held in hindsight, which a
 # balancer that found and kept it would match.
+# CANDIDATE (another build of lbbsp, e.g. a balancer change built into another target folder): in
+# each pair, a third block of two lbbsp runs, this build's and the candidate's, in random order;
+# paired.py prints the candidate's throughput over this build's (C/D) with its interval, so that
+# two balancers are compared within one series, as the A/A pairs measure the floor.
 set -euo pipefail
 # mpirun's entry for each rank of a quota condition: rank 1 writes its own PID into the group
 # and exec keeps that PID, so the group holds rank 1's process (and the threads it starts) and
@@ -61,6 +65,11 @@ echo "cores: $(nproc); kernel $(uname -r); $(date -Is); commit $(git rev-parse -
 out="${OUT:-runs/bench-interference}"; rm -rf "$out"; mkdir -p "$out"
 if [ "${BUILD:-1}" != 0 ]; then cargo build --release --locked -q; fi
 bin=target/release/lbbsp
+candidate="${CANDIDATE:-}"
+if [ -n "$candidate" ] && [ ! -x "$candidate" ]; then
+  echo "CANDIDATE: '$candidate' is not an executable lbbsp build (build one with CARGO_TARGET_DIR=... cargo build --release)" >&2
+  exit 2
+fi
 # One rank per core: waiting ranks poll instead of yielding their core to the interference.
 export OMPI_MCA_mpi_yield_when_idle=0
 
@@ -145,7 +154,8 @@ printf 'condition\tbatch\tkind\tpair\tposition\tlabel\tpolicy\tfile\tnr_periods\
 : >"$out/skipped.tsv"
 run_one() {  # run_one CONDITION BATCH KIND PAIR POSITION LABEL
   local cond=$1 batch=$2 kind=$3 k=$4 pos=$5 label=$6 policy=bsp name iters p0 n0 t0 p1 n1 t1 held=()
-  [ "$label" = lbbsp ] && policy=lbbsp
+  local exe=$bin
+  case $label in lbbsp | current) policy=lbbsp ;; candidate) policy=lbbsp; exe=$candidate ;; esac
   name="$cond-p$(printf %02d "$k")-$kind-$label"
   iters=$iters_small; [ "$batch" -ge 1024 ] && iters=$iters_large
   if [ "$kind" = st ]; then held=(--set "balance.replay=$out/$cond-$label.replay.jsonl"); fi
@@ -153,7 +163,7 @@ run_one() {  # run_one CONDITION BATCH KIND PAIR POSITION LABEL
   [ "$quota_us" -gt 0 ] && entry=(bash "$self" --rank-entry "$cg_dir/cgroup.procs")
   read -r p0 n0 t0 <<<"$(cg_stat)"
   if [ ${#interfere[@]} -gt 0 ]; then "$bin" interfere --cores 1 "${interfere[@]}" >/dev/null 2>&1 & hog_pid=$!; fi
-  mpirun -n 2 --map-by core --bind-to core "${entry[@]}" "$bin" train mnist-mlp -q --threads 1 \
+  mpirun -n 2 --map-by core --bind-to core "${entry[@]}" "$exe" train mnist-mlp -q --threads 1 \
     --set "train.max_iters=$iters" --set train.epochs=1000 --set train.eval_every_epochs=1000 \
     --set "train.global_batch=$batch" --set "balance.policy=$policy" "${held[@]}" --metrics "$out/$name.jsonl" >/dev/null &
   run_pid=$!; wait "$run_pid"; run_pid=""
@@ -191,8 +201,11 @@ for cond in $all; do
   RANDOM=$((seed * 100 + index))
   for k in $(seq "$pairs"); do
     blocks=(ab aa); if ((RANDOM % 2)); then blocks=(aa ab); fi
+    if [ -n "$candidate" ]; then
+      blocks+=(cd); r=$((RANDOM % 3)); blocks=("${blocks[@]:r}" "${blocks[@]:0:r}")
+    fi
     for kind in "${blocks[@]}"; do
-      if [ "$kind" = ab ]; then labels=(bsp lbbsp); else labels=(bspx bspy); fi
+      case $kind in ab) labels=(bsp lbbsp) ;; aa) labels=(bspx bspy) ;; cd) labels=(current candidate) ;; esac
       if ((RANDOM % 2)); then labels=("${labels[1]}" "${labels[0]}"); fi
       run_one "$cond" "$batch" "$kind" "$k" 1 "${labels[0]}"
       run_one "$cond" "$batch" "$kind" "$k" 2 "${labels[1]}"

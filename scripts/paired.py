@@ -210,6 +210,11 @@ def main():
         held = sorted({r["label"] for r in runs if r["kind"] == "st"})
         c["static"] = {l[len("static-"):]: median_ci([by[("st", k, l)]["throughput"] / by[("ab", k, "bsp")]["throughput"]
                                                       for k in pairs if ("st", k, l) in by], rng) for l in held}
+        # CANDIDATE: another lbbsp build against this one, pair by pair.
+        cd = [by[("cd", k, "candidate")]["throughput"] / by[("cd", k, "current")]["throughput"]
+              for k in pairs if ("cd", k, "candidate") in by and ("cd", k, "current") in by]
+        if cd:
+            c["cd_ratios"], c["cd"] = cd, median_ci(cd, rng)
         text, ok = targets(cond, c)
         c["target"], c["target_met"] = text, ok
         summary["conditions"][cond] = c
@@ -222,6 +227,8 @@ def main():
         print(f"    on bsp's runs, over bsp: the empirical oracle {iv(c['bsp_oracle'])}, "
               f"the oracle one iteration late {iv(c['bsp_late_oracle'])} (wall-weighted {iv(c['bsp_late_oracle_wall'])})")
         print(f"    on lbbsp's runs, lbbsp over the oracle one iteration late: {iv(c['lbbsp_over_own_late_oracle'])}")
+        if "cd" in c:
+            print(f"    the candidate lbbsp over this build's (C/D): {iv(c['cd'])}")
         if c["static"]:
             print("    split held all run, rank 1's share of B, over bsp: "
                   + "; ".join(f"{share} {iv(d)}" for share, d in c["static"].items()))
