@@ -549,11 +549,10 @@ impl Balancer {
         (candidates.swap_remove(if moved { best.1 } else { 0 }), independent)
     }
 
-    /// Scores the last decision by the iteration after it: the split that ran by its slowest of
-    /// `times` (at the sizes of `obs`); beside a move, the equal split by its slowest at each rank's
-    /// speed of the same iteration, so that both kinds meet the same speeds.
-    fn surprised(&mut self, obs: &[Observation], times: &[f64], rho: f64) {
-        let slowest = times.iter().copied().fold(0.0, f64::max);
+    /// Scores the last decision by the iteration after it: the split that ran by `slowest`, the
+    /// most of `times` (at the sizes of `obs`); beside a move, the equal split by its slowest at
+    /// each rank's speed of the same iteration, so that both kinds meet the same speeds.
+    fn surprised(&mut self, obs: &[Observation], times: &[f64], slowest: f64, rho: f64) {
         // Each decision is scored once, by the iteration right after it.
         if let Some((expected, moved)) = self.chosen.take().filter(|_| slowest > 0.0 && slowest.is_finite()) {
             self.overruns.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
@@ -613,7 +612,8 @@ impl Policy for Balancer {
                 // The cost of a decision is that of a step that took one.
                 let cost = obs.iter().map(|o| o.balance_s).fold(0.0, f64::max);
                 self.cost = if self.since.0 { least_creeping(self.cost, cost) } else { self.cost };
-                self.surprised(obs, &times, rho);
+                let slowest = times.iter().copied().fold(0.0, f64::max);
+                self.surprised(obs, &times, slowest, rho);
                 let observed = self.ranks.iter_mut().zip(obs).zip(&times);
                 let mut jumps: Vec<f64> = observed.filter_map(|((r, o), &t)| r.observe(o.batch, t, rho)).collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
@@ -632,7 +632,7 @@ impl Policy for Balancer {
                 let x: Vec<f64> = obs.iter().zip(&times).map(|(o, t)| (t / (rho + o.batch as f64)).ln()).collect();
                 let moved = |(r, (a, b)): (&RankModel, (&f64, &f64))| (a - b).abs() > r.threshold();
                 let changed = self.ranks.iter().zip(x.iter().zip(&self.decided_at)).any(moved);
-                let slowest = times.iter().copied().fold(0.0, f64::max) + self.transfer;
+                let slowest = slowest + self.transfer;
                 self.since = (self.since.0, self.since.1 + slowest, self.since.2 + 1);
                 // A young model holds a split for at most half its age: its first splits are the
                 // least informed, and the first costs measured the most inflated (cold code).
@@ -788,7 +788,7 @@ mod tests {
         // Rank 0 takes 0.5 s at 192 samples; rank 1, at 64, 0.25 s or 0.75 s (0.5 s or 1.5 s at 128).
         for t1 in [0.25, 0.75].repeat(10) {
             (bal.chosen, bal.equal_expected) = (Some((0.625, true)), 1.0);
-            bal.surprised(&[Observation::new(192, 0.5), Observation::new(64, t1)], &[0.5, t1], 0.0);
+            bal.surprised(&[Observation::new(192, 0.5), Observation::new(64, t1)], &[0.5, t1], t1.max(0.5), 0.0);
         }
         let [o0, o1] = bal.overruns;
         assert!((o0[0] / o0[1] - 1.0).abs() < 0.01 && (o1[0] / o1[1] - 1.0).abs() < 0.01, "{o0:?} {o1:?}");
