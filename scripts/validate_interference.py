@@ -25,6 +25,7 @@ conditions). What the scenario takes from the runs, per condition:
   slowdown, switching at the rate its 0.1-0.55 s phases make at the bsp runs' iteration time.
 The ratio predicted is never fitted.
 """
+import contextlib
 import json
 import os
 import statistics as st
@@ -35,7 +36,7 @@ import tempfile
 WARMUP = 20
 # Iterations without a freeze that the collective's fixed cost needs (else it is taken over all).
 MIN_UNFROZEN = 20
-BIN = os.environ.get("LBBSP_BIN", "target/release/lbbsp")
+BIN = os.path.abspath(os.environ.get("LBBSP_BIN", "target/release/lbbsp"))
 
 
 def records(path):
@@ -103,14 +104,20 @@ fixed_s = {m["fixed"]:.9f}
 {interference}"""
 
 
+@contextlib.contextmanager
+def simulated(text, *args):
+    """Runs `lbbsp simulate` on a scenario's TOML with `args`; yields the folder it ran in."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s.toml")
+        open(path, "w").write(text)
+        subprocess.run([BIN, "simulate", path, *args], check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+        yield tmp
+
+
 def simulate(text, seeds):
     """(per-seed lbbsp/bsp ratios, bsp's mean iteration seconds) of a scenario."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path, out = os.path.join(tmp, "s.toml"), os.path.join(tmp, "r.json")
-        open(path, "w").write(text)
-        subprocess.run([BIN, "simulate", path, "--seeds", str(seeds), "--json", out], check=True,
-                       stdout=subprocess.DEVNULL)
-        runs = json.load(open(out))
+    with simulated(text, "--seeds", str(seeds), "--json", "r.json") as tmp:
+        runs = json.load(open(os.path.join(tmp, "r.json")))
     get = lambda r, p: next(x for x in r["policies"] if x["policy"] == p)
     ratios = [get(r, "lbbsp")["samples_per_s"] / get(r, "bsp")["samples_per_s"] for r in runs]
     return ratios, st.mean(get(r, "bsp")["mean_iter_s"] for r in runs)
@@ -118,10 +125,7 @@ def simulate(text, seeds):
 
 def simulated_slowdown(text):
     """Rank 1's over rank 0's compute seconds per sample in the scenario's bsp run (one seed)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "s.toml")
-        open(path, "w").write(text)
-        subprocess.run([BIN, "simulate", path, "--metrics", tmp], check=True, stdout=subprocess.DEVNULL)
+    with simulated(text, "--metrics", ".") as tmp:
         recs = records(os.path.join(tmp, "bsp.jsonl"))[WARMUP:]
     comp = [sum(r["compute_s"][i] for r in recs) / sum(r["batch_sizes"][i] for r in recs) for i in (0, 1)]
     return comp[1] / comp[0]
