@@ -22,7 +22,8 @@ conditions). What the scenario takes from the runs, per condition:
   runs (rank 1's frozen seconds over its preemptions, weighted by frozen seconds); in runs recorded
   before preemptions were, the slice (of a grid) at which the simulated bsp iteration matches the
   real bsp runs' median of hog-128; the bursty job as a two-state chain on rank 1 at the hog's
-  slowdown, switching at the rate its 0.1-0.55 s phases make at the bsp runs' iteration time.
+  slowdown, switching at the rate its 0.1-0.55 s phases make at the bsp runs' iteration time, each
+  change falling within an iteration (`within`), as the real job's starts and ends do.
 The ratio predicted is never fitted.
 """
 import contextlib
@@ -175,7 +176,7 @@ def main():
             p = hog.format(slice_s)
         elif name.startswith("bursty"):
             rate = min(1.0, m["bsp_iter"] / 0.325) if m["bsp_iter"] else 0.1
-            p = f'kind = "markov"\nranks = [1]\nfactor = 2.0\np_on = {rate:.4f}\np_off = {rate:.4f}\n'
+            p = f'kind = "markov"\nranks = [1]\nfactor = 2.0\np_on = {rate:.4f}\np_off = {rate:.4f}\nwithin = true\n'
         else:
             p = None
         text = scenario(name, c, m, "[[interference]]\n" + p if p else "")

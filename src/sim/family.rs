@@ -1,6 +1,7 @@
 //! A family of randomised scenarios, for evaluation on cases nobody tuned for: each seed draws a
 //! cluster (static speeds, cost line, noise, batch) and up to two interference processes of any
-//! kind, with their rates, factors and lengths, and whether the ranks' CPU shares show them.
+//! kind, with their rates, factors and lengths, whether the ranks' CPU shares show them, and
+//! whether a random process's changes fall within iterations or at their starts.
 //!
 //! Two disjoint seed ranges: [`Family::Tune`] for developing the balancer, [`Family::HeldOut`] for
 //! reporting only (`lbbsp simulate --family held-out`), never looked at while tuning.
@@ -56,7 +57,11 @@ pub fn generate(seed: u64, ranks: usize) -> Scenario {
     let batch_per_rank = [32, 64, 128, 256, 1024][(u(0.0, 5.0) as usize).min(4)];
     let processes = (u(0.0, 3.0) as usize).min(2);
     let mut interference = Vec::new();
+    // Whether a chain's or an episode's changes fall within iterations: from draws of their own,
+    // so that the rest of a seed's scenario is what it was before they were drawn.
+    let mut w = Rng::from_keys(&[0xfa_0017, seed, 0x717]);
     for _ in 0..processes {
+        let within = w.next_f64() < 0.5;
         let on = Targets {
             fraction: (u(0.0, 1.0) < 0.7).then(|| log_u(&mut u, 0.02, 1.0)),
             count: None,
@@ -77,7 +82,13 @@ pub fn generate(seed: u64, ranks: usize) -> Scenario {
                 off_iters: log_u(&mut u, 1.0, 120.0) as usize,
                 from: u(0.0, 100.0) as usize,
             },
-            2 => Interference::Markov { on, factor, p_on: log_u(&mut u, 0.002, 0.5), p_off: log_u(&mut u, 0.02, 1.0) },
+            2 => Interference::Markov {
+                on,
+                factor,
+                p_on: log_u(&mut u, 0.002, 0.5),
+                p_off: log_u(&mut u, 0.02, 1.0),
+                within,
+            },
             3 => {
                 let low = log_u(&mut u, 1.1, 2.0);
                 Interference::FailSlow {
@@ -86,6 +97,7 @@ pub fn generate(seed: u64, ranks: usize) -> Scenario {
                     mean_iters: log_u(&mut u, 2.0, 500.0),
                     factor_low: low,
                     factor_high: low * log_u(&mut u, 1.0, 3.0),
+                    within,
                 }
             }
             4 => {

@@ -853,6 +853,18 @@ bytes = 0.0
         }
         // Stationary on-fraction p_on / (p_on + p_off) = 2/7 of 4000 rank-iterations.
         assert!((on_iters as f64 / 4000.0 - 2.0 / 7.0).abs() < 0.05, "{on_iters}");
+        // Changes within iterations: the iterations of a change are partly slowed, the slowdown
+        // over time the same.
+        let within =
+            two_ranks("[[interference]]\nkind = \"markov\"\nfactor = 2.0\np_on = 0.2\np_off = 0.5\nwithin = true\n");
+        let mut c = Cluster::new(&within, 2).unwrap();
+        let (mut excess, mut partial) = (0.0, 0);
+        for t in 0..2000 {
+            c.step(t);
+            excess += c.factor.iter().map(|f| f - 1.0).sum::<f64>();
+            partial += c.factor.iter().filter(|&&f| f > 1.0 && f < 2.0).count();
+        }
+        assert!((excess / 4000.0 - 2.0 / 7.0).abs() < 0.05 && partial > 500, "{excess} {partial}");
     }
 
     /// A measured run drives the cluster: each rank's compute time over the run's uncontended line

@@ -198,17 +198,21 @@ pub enum Interference {
         from: usize,
     },
     /// A two-state Markov chain per rank: off → on with probability `p_on` per iteration, on →
-    /// off with `p_off` (mean burst `1/p_off` iterations).
+    /// off with `p_off` (mean burst `1/p_off` iterations). With `within`, each change falls at a
+    /// uniform point of its iteration's work ([`switched`]), as a job's start and end do in wall
+    /// time; without, at the iteration's start.
     Markov {
         #[serde(flatten)]
         on: Targets,
         factor: f64,
         p_on: f64,
         p_off: f64,
+        #[serde(default)]
+        within: bool,
     },
     /// Fail-slow episodes: each targeted rank starts one with probability `rate` per iteration,
     /// lasting an exponential number of iterations of mean `mean_iters`, at a slowdown uniform in
-    /// `[factor_low, factor_high]`.
+    /// `[factor_low, factor_high]`. `within` as for [`Interference::Markov`].
     FailSlow {
         #[serde(flatten)]
         on: Targets,
@@ -216,6 +220,8 @@ pub enum Interference {
         mean_iters: f64,
         factor_low: f64,
         factor_high: f64,
+        #[serde(default)]
+        within: bool,
     },
     /// A measured run: the per-iteration JSONL of `lbbsp train --metrics`. Rank `i` of the
     /// scenario follows rank `i mod world` of the trace, its slowdown at iteration `t` being its
@@ -315,6 +321,26 @@ impl Slices {
 }
 
 /// The law of two independent factors' product.
+/// The slowdown of an iteration in which a random process goes from `from` to `to`: it changes at a
+/// point uniform in the iteration's work (`w` done at `from`), as a co-located job starts or ends
+/// at any time, not at an iteration's start; the iteration of an onset is partly slowed, and the
+/// one of an end partly still slow.
+fn switched(from: f64, to: f64, w: f64) -> f64 {
+    if from == to {
+        to
+    } else {
+        w * from + (1.0 - w) * to
+    }
+}
+
+/// The atoms of a switch from `from` to `to` with probability `p`: [`switched`] at the midpoints of
+/// the quarters of the work where the switch falls `within` the iteration, else `to`.
+fn switches(p: f64, from: f64, to: f64, within: bool) -> impl Iterator<Item = (f64, f64)> {
+    let k = if from == to || !within { 1 } else { 4 };
+    let w = move |q: u8| if within { (f64::from(q) + 0.5) / f64::from(k) } else { 0.0 };
+    (0..k).map(move |q| (p / f64::from(k), switched(from, to, w(q))))
+}
+
 fn combine(atoms: &mut Vec<(f64, f64)>, other: &[(f64, f64)]) {
     if let [(_, f)] = other {
         atoms.iter_mut().for_each(|a| a.1 *= f);
@@ -366,6 +392,7 @@ enum Process {
         p_on: f64,
         p_off: f64,
         on: Vec<bool>,
+        within: bool,
     },
     FailSlow {
         ranks: Vec<usize>,
@@ -373,6 +400,7 @@ enum Process {
         mean: f64,
         low: f64,
         high: f64,
+        within: bool,
         /// Iterations left in the episode and its factor (1 outside one).
         left: Vec<(usize, f64)>,
     },
@@ -576,12 +604,13 @@ impl Process {
                     active: Box::new(move |t| t >= from && (t - from) % period < on_i),
                 }
             }
-            Interference::Markov { on, factor, p_on, p_off } => {
+            Interference::Markov { on, factor, p_on, p_off, within } => {
                 let ranks = on.select(n);
                 let k = ranks.len();
-                Process::Markov { ranks, factor: *factor, p_on: *p_on, p_off: *p_off, on: vec![false; k] }
+                let on = vec![false; k];
+                Process::Markov { ranks, factor: *factor, p_on: *p_on, p_off: *p_off, on, within: *within }
             }
-            Interference::FailSlow { on, rate, mean_iters, factor_low, factor_high } => {
+            Interference::FailSlow { on, rate, mean_iters, factor_low, factor_high, within } => {
                 let ranks = on.select(n);
                 let k = ranks.len();
                 Process::FailSlow {
@@ -590,6 +619,7 @@ impl Process {
                     mean: *mean_iters,
                     low: *factor_low,
                     high: *factor_high,
+                    within: *within,
                     left: vec![(0, 1.0); k],
                 }
             }
@@ -682,30 +712,29 @@ impl Cluster {
                         ranks.iter().for_each(|&r| slow(r, *factor));
                     }
                 }
-                Process::Markov { ranks, factor, p_on, p_off, on } => {
+                Process::Markov { ranks, factor, p_on, p_off, on, within } => {
                     for (j, &r) in ranks.iter().enumerate() {
-                        let u = key(r).next_f64();
-                        on[j] = if on[j] { u >= *p_off } else { u < *p_on };
-                        if on[j] {
-                            slow(r, *factor);
-                        }
+                        let mut g = key(r);
+                        let (was, u) = (on[j], g.next_f64());
+                        on[j] = if was { u >= *p_off } else { u < *p_on };
+                        let at = |s: bool| if s { *factor } else { 1.0 };
+                        slow(r, if *within { switched(at(was), at(on[j]), g.next_f64()) } else { at(on[j]) });
                     }
                 }
-                Process::FailSlow { ranks, rate, mean, low, high, left } => {
+                Process::FailSlow { ranks, rate, mean, low, high, left, within } => {
                     for (j, &r) in ranks.iter().enumerate() {
-                        if left[j].0 == 0 {
-                            let mut g = key(r);
-                            if g.next_f64() < *rate {
-                                let len = (-(1.0 - g.next_f64()).ln() * *mean).ceil().max(1.0) as usize;
-                                left[j] = (len, *low + (*high - *low) * g.next_f64());
-                            }
+                        let mut g = key(r);
+                        let was = left[j].1;
+                        if left[j].0 == 0 && g.next_f64() < *rate {
+                            let len = (-(1.0 - g.next_f64()).ln() * *mean).ceil().max(1.0) as usize;
+                            left[j] = (len, *low + (*high - *low) * g.next_f64());
                         }
                         if left[j].0 > 0 {
                             left[j].0 -= 1;
-                            slow(r, left[j].1);
                         } else {
                             left[j].1 = 1.0;
                         }
+                        slow(r, if *within { switched(was, left[j].1, g.next_f64()) } else { left[j].1 });
                     }
                 }
                 Process::Sliced => {}
@@ -747,21 +776,28 @@ impl Cluster {
                         ranks.iter().for_each(|&r| atoms[r].iter_mut().for_each(|a| a.1 *= factor));
                     }
                 }
-                Process::Markov { ranks, factor, p_on, p_off, on } => {
+                Process::Markov { ranks, factor, p_on, p_off, on, within } => {
                     for (j, &r) in ranks.iter().enumerate() {
-                        let p = if on[j] { 1.0 - p_off } else { *p_on };
-                        combine(&mut atoms[r], &[(1.0 - p, 1.0), (p, *factor)]);
+                        let (now, p) = if on[j] { (*factor, *p_off) } else { (1.0, *p_on) };
+                        law.clear();
+                        law.push((1.0 - p, now));
+                        law.extend(switches(p, now, if on[j] { 1.0 } else { *factor }, *within));
+                        law.retain(|a| a.0 > 0.0);
+                        combine(&mut atoms[r], &law);
                     }
                 }
-                Process::FailSlow { ranks, rate, mean, low, high, left } => {
+                Process::FailSlow { ranks, rate, mean, low, high, left, within } => {
                     for (j, &r) in ranks.iter().enumerate() {
-                        let stay = if left[j].1 > 1.0 { (-1.0 / mean).exp() } else { 0.0 };
+                        let now = left[j].1;
+                        let stay = if now > 1.0 { (-1.0 / mean).exp() } else { 0.0 };
                         law.clear();
-                        law.push((stay, left[j].1));
-                        law.push(((1.0 - stay) * (1.0 - rate), 1.0));
-                        law.extend(
-                            (0..4).map(|q| ((1.0 - stay) * rate / 4.0, low + (high - low) * (q as f64 + 0.5) / 4.0)),
-                        );
+                        law.push((stay, now));
+                        let (end, onset) = ((1.0 - stay) * (1.0 - rate), (1.0 - stay) * rate);
+                        law.extend(switches(end, now, 1.0, *within));
+                        for q in 0..4 {
+                            let f = low + (high - low) * (q as f64 + 0.5) / 4.0;
+                            law.extend(switches(onset / 4.0, now, f, *within));
+                        }
                         law.retain(|a| a.0 > 0.0);
                         combine(&mut atoms[r], &law);
                     }
