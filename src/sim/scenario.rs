@@ -320,7 +320,6 @@ impl Slices {
     }
 }
 
-/// The law of two independent factors' product.
 /// The slowdown of an iteration in which a random process goes from `from` to `to`: it changes at a
 /// point uniform in the iteration's work (`w` done at `from`), as a co-located job starts or ends
 /// at any time, not at an iteration's start; the iteration of an onset is partly slowed, and the
@@ -341,6 +340,7 @@ fn switches(p: f64, from: f64, to: f64, within: bool) -> impl Iterator<Item = (f
     (0..k).map(move |q| (p / f64::from(k), switched(from, to, w(q))))
 }
 
+/// The law of two independent factors' product.
 fn combine(atoms: &mut Vec<(f64, f64)>, other: &[(f64, f64)]) {
     if let [(_, f)] = other {
         atoms.iter_mut().for_each(|a| a.1 *= f);
