@@ -38,11 +38,58 @@ impl Family {
 /// Iterations of a generated scenario.
 pub const ITERATIONS: usize = 600;
 
+/// A draw log-uniform in `[lo, hi]` from the uniform draws `u`.
+fn log_u(u: &mut dyn FnMut(f64, f64) -> f64, lo: f64, hi: f64) -> f64 {
+    (u(lo.ln(), hi.ln())).exp()
+}
+
+/// One interference process of any kind, drawn from `u`: its ranks, factor, kind and the kind's
+/// rates or lengths; `within` for a chain's or an episode's changes.
+fn process(u: &mut dyn FnMut(f64, f64) -> f64, within: bool) -> Interference {
+    let on = Targets {
+        fraction: (u(0.0, 1.0) < 0.7).then(|| log_u(u, 0.02, 1.0)),
+        count: None,
+        ranks: Vec::new(),
+        signal: (u(0.0, 1.0) < 0.25).then_some(false),
+    };
+    let factor = log_u(u, 1.15, 4.0);
+    match (u(0.0, 7.0) as usize).min(6) {
+        0 => {
+            let from = u(0.0, 0.8 * ITERATIONS as f64) as usize;
+            let until = (u(0.0, 1.0) < 0.5).then(|| from + log_u(u, 5.0, ITERATIONS as f64) as usize);
+            Interference::Steady { on, factor, from, until }
+        }
+        1 => Interference::Square {
+            on,
+            factor,
+            on_iters: log_u(u, 1.0, 120.0) as usize,
+            off_iters: log_u(u, 1.0, 120.0) as usize,
+            from: u(0.0, 100.0) as usize,
+        },
+        2 => Interference::Markov { on, factor, p_on: log_u(u, 0.002, 0.5), p_off: log_u(u, 0.02, 1.0), within },
+        3 => {
+            let low = log_u(u, 1.1, 2.0);
+            Interference::FailSlow {
+                on,
+                rate: log_u(u, 1e-4, 2e-2),
+                mean_iters: log_u(u, 2.0, 500.0),
+                factor_low: low,
+                factor_high: low * log_u(u, 1.0, 3.0),
+                within,
+            }
+        }
+        4 => {
+            let period_s = log_u(u, 1e-3, 0.1);
+            Interference::Quota { on: Targets { signal: None, ..on }, quota_s: period_s * u(0.2, 0.8), period_s }
+        }
+        _ => Interference::Hog { on: Targets { signal: None, ..on }, slice_s: log_u(u, 5e-4, 1.2e-2) },
+    }
+}
+
 /// The scenario of `seed`, at `ranks` ranks.
 pub fn generate(seed: u64, ranks: usize) -> Scenario {
     let mut g = Rng::from_keys(&[0xfa_0017, seed]);
     let mut u = |lo: f64, hi: f64| lo + (hi - lo) * g.next_f64();
-    let log_u = |u: &mut dyn FnMut(f64, f64) -> f64, lo: f64, hi: f64| (u(lo.ln(), hi.ln())).exp();
     let speeds = match u(0.0, 1.0) {
         x if x < 0.5 => Speeds::Equal,
         x if x < 0.8 => Speeds::Uniform { low: u(0.5, 1.0), high: u(1.0, 1.6) },
@@ -62,51 +109,7 @@ pub fn generate(seed: u64, ranks: usize) -> Scenario {
     let mut w = Rng::from_keys(&[0xfa_0017, seed, 0x717]);
     for _ in 0..processes {
         let within = w.next_f64() < 0.5;
-        let on = Targets {
-            fraction: (u(0.0, 1.0) < 0.7).then(|| log_u(&mut u, 0.02, 1.0)),
-            count: None,
-            ranks: Vec::new(),
-            signal: (u(0.0, 1.0) < 0.25).then_some(false),
-        };
-        let factor = log_u(&mut u, 1.15, 4.0);
-        let p = match (u(0.0, 7.0) as usize).min(6) {
-            0 => {
-                let from = u(0.0, 0.8 * ITERATIONS as f64) as usize;
-                let until = (u(0.0, 1.0) < 0.5).then(|| from + log_u(&mut u, 5.0, ITERATIONS as f64) as usize);
-                Interference::Steady { on, factor, from, until }
-            }
-            1 => Interference::Square {
-                on,
-                factor,
-                on_iters: log_u(&mut u, 1.0, 120.0) as usize,
-                off_iters: log_u(&mut u, 1.0, 120.0) as usize,
-                from: u(0.0, 100.0) as usize,
-            },
-            2 => Interference::Markov {
-                on,
-                factor,
-                p_on: log_u(&mut u, 0.002, 0.5),
-                p_off: log_u(&mut u, 0.02, 1.0),
-                within,
-            },
-            3 => {
-                let low = log_u(&mut u, 1.1, 2.0);
-                Interference::FailSlow {
-                    on,
-                    rate: log_u(&mut u, 1e-4, 2e-2),
-                    mean_iters: log_u(&mut u, 2.0, 500.0),
-                    factor_low: low,
-                    factor_high: low * log_u(&mut u, 1.0, 3.0),
-                    within,
-                }
-            }
-            4 => {
-                let period_s = log_u(&mut u, 1e-3, 0.1);
-                Interference::Quota { on: Targets { signal: None, ..on }, quota_s: period_s * u(0.2, 0.8), period_s }
-            }
-            _ => Interference::Hog { on: Targets { signal: None, ..on }, slice_s: log_u(&mut u, 5e-4, 1.2e-2) },
-        };
-        interference.push(p);
+        interference.push(process(&mut u, within));
     }
     Scenario {
         name: format!("family-{seed}"),
