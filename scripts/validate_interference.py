@@ -13,10 +13,11 @@ conditions). What the scenario takes from the runs, per condition:
 - the noise: the relative deviation of rank 0's times about that line (the median absolute
   deviation, scaled to a standard deviation, so that the host's hiccups do not count as noise);
 - `comm.fixed_s`: the median of `iter_s − max_i compute_i` over the iterations in which no rank was
-  frozen (no frozen seconds, every rank running its whole previous iteration), or over all where
-  fewer than 20 were: the simulator adds a freeze in the collective itself, and a median over
-  frozen iterations counted it twice (the 2 ms quota's 1.69 ms against 0.51 ms unfrozen and the
-  quiet runs' 0.49 ms);
+  frozen (no frozen seconds, every rank running its whole previous iteration): the simulator adds
+  a freeze in the collective itself, and a median over frozen iterations counted it twice (the 2 ms
+  quota's 1.69 ms against 0.51 ms unfrozen and the quiet runs' 0.49 ms). A condition with fewer
+  than 20 such iterations (at B = 2048 a quota or a hog freezes rank 1 in every one) takes those of
+  the series' other conditions at its batch, pooled, or, with none, all of its own iterations;
 - the interference, from the condition's definition: a `quota` of 1 ms in 2 ms or 50 ms in 100 ms
   on rank 1; a `hog` on rank 1 whose slice is the length of one freeze measured in hog-128's bsp
   runs (rank 1's frozen seconds over its preemptions, weighted by frozen seconds); in runs recorded
@@ -85,7 +86,25 @@ def measure(c):
     noise = min(0.45, 1.4826 * st.median([abs(x - centre) for x in rel]))
     fixed = unfrozen if len(unfrozen) >= MIN_UNFROZEN else fixed
     return {"alpha": alpha, "beta": beta, "noise": noise, "fixed": max(0.0, st.median(fixed)),
-            "iterations": iters, "bsp_iter": st.median(bsp_iter) if bsp_iter else None}
+            "iterations": iters, "bsp_iter": st.median(bsp_iter) if bsp_iter else None,
+            "unfrozen": unfrozen}
+
+
+def pool_fixed(conds, measured):
+    """A condition with too few unfrozen iterations (a 2 ms quota or a hog at B = 2048 freezes rank 1
+    in every one) takes the fixed cost of the unfrozen iterations of the series' other conditions at
+    its global batch, pooled: the collective's own cost does not depend on what slows a rank, and the
+    median over its own frozen iterations counts their freezes in the collective twice."""
+    for name, m in measured.items():
+        if len(m["unfrozen"]) >= MIN_UNFROZEN:
+            continue
+        same = [o for o, n in measured.items() if o != name and conds[o]["batch"] == conds[name]["batch"]]
+        pool = [x for o in same if len(measured[o]["unfrozen"]) >= MIN_UNFROZEN for x in measured[o]["unfrozen"]]
+        if len(pool) >= MIN_UNFROZEN:
+            m["fixed"] = max(0.0, st.median(pool))
+            print(f"{name}: no unfrozen iterations; the fixed cost ({1e3 * m['fixed']:.2f} ms) is that of "
+                  f"the unfrozen iterations at B = {conds[name]['batch']} of " + ", ".join(
+                      o for o in same if len(measured[o]["unfrozen"]) >= MIN_UNFROZEN))
 
 
 def scenario(name, c, m, interference):
@@ -141,6 +160,7 @@ def main():
         del args[k:k + 2]
     conds = conditions(args)
     measured = {name: measure(c) for name, c in conds.items()}
+    pool_fixed(conds, measured)
     hog = 'kind = "hog"\nranks = [1]\nslice_s = {}\n'
     slice_s = None
     frozen = [0.0, 0.0]
