@@ -36,7 +36,8 @@ import sys
 import tempfile
 
 WARMUP = 20
-# Iterations without a freeze that the collective's fixed cost needs (else it is taken over all).
+# Iterations without a freeze that the collective's fixed cost needs (else it is taken from the
+# series' other conditions at the same batch, and without those over all of its own).
 MIN_UNFROZEN = 20
 BIN = os.path.abspath(os.environ.get("LBBSP_BIN", "target/release/lbbsp"))
 
@@ -98,13 +99,13 @@ def pool_fixed(conds, measured):
     for name, m in measured.items():
         if len(m["unfrozen"]) >= MIN_UNFROZEN:
             continue
-        same = [o for o, n in measured.items() if o != name and conds[o]["batch"] == conds[name]["batch"]]
-        pool = [x for o in same if len(measured[o]["unfrozen"]) >= MIN_UNFROZEN for x in measured[o]["unfrozen"]]
-        if len(pool) >= MIN_UNFROZEN:
-            m["fixed"] = max(0.0, st.median(pool))
+        batch = conds[name]["batch"]
+        donors = [o for o, d in measured.items()
+                  if o != name and conds[o]["batch"] == batch and len(d["unfrozen"]) >= MIN_UNFROZEN]
+        if donors:
+            m["fixed"] = max(0.0, st.median([x for o in donors for x in measured[o]["unfrozen"]]))
             print(f"{name}: no unfrozen iterations; the fixed cost ({1e3 * m['fixed']:.2f} ms) is that of "
-                  f"the unfrozen iterations at B = {conds[name]['batch']} of " + ", ".join(
-                      o for o in same if len(measured[o]["unfrozen"]) >= MIN_UNFROZEN))
+                  f"the unfrozen iterations at B = {batch} of " + ", ".join(donors))
 
 
 def scenario(name, c, m, interference):
