@@ -47,6 +47,11 @@ pub enum Error {
          written; no checkpoint is written for it)"
     )]
     Diverged { iter: usize, loss: f64, lr: f32 },
+    /// A stop signal (`runtime.stop_signals`) ended the run after `iterations` iterations, every
+    /// rank at the same one, with a checkpoint written where there is a checkpoint folder. The
+    /// command line exits with [`crate::train::stop::PREEMPTED_STATUS`].
+    #[error("stopped by {signal} after iteration {iterations}: {saved}")]
+    Preempted { signal: crate::train::stop::StopSignal, iterations: usize, saved: String },
 }
 
 impl Error {
@@ -62,7 +67,7 @@ impl Error {
     /// Whether every rank returns this error at the same point with the same text (a collective
     /// verdict): one rank's report is then enough and no rank needs aborting.
     pub fn is_collective(&self) -> bool {
-        matches!(self, Error::Mismatch(_) | Error::Diverged { .. } | Error::OnRank { .. })
+        matches!(self, Error::Mismatch(_) | Error::Diverged { .. } | Error::OnRank { .. } | Error::Preempted { .. })
     }
 }
 

@@ -55,10 +55,13 @@ pub struct RankStats {
     /// collective has ended, so it rides on the next one: the metrics' wait and transfer columns
     /// trail by one iteration instead of costing a collective of their own.
     pub prev_sync: SyncTime,
+    /// The stop signal this rank has received (its number; 0: none), see [`crate::train::stop`]:
+    /// riding here, it reaches every rank in the same gathered stats.
+    pub stop: i32,
 }
 
 /// 64-bit words in a [`RankStats`].
-const WORDS: usize = 12;
+const WORDS: usize = 13;
 /// f32 slots a 64-bit word travels in: 22 + 21 + 21 bits.
 const SLOTS_PER_WORD: usize = 3;
 /// f32 slots of one rank's stats in the synchronised buffer.
@@ -97,6 +100,7 @@ impl RankStats {
             self.prev_sync.wait_s.to_bits(),
             self.prev_sync.comm_s.to_bits(),
             self.prev_run_s.to_bits(),
+            self.stop as u32 as u64,
         ]
     }
 
@@ -126,6 +130,7 @@ impl RankStats {
             prev_balance_s: f64::from_bits(w[8]),
             prev_sync: SyncTime { wait_s: f64::from_bits(w[9]), comm_s: f64::from_bits(w[10]) },
             prev_run_s: f64::from_bits(w[11]),
+            stop: w[12] as u32 as i32,
         }
     }
 }
@@ -306,6 +311,7 @@ mod tests {
             prev_run_s: 3e-3 * (rank as f64 + 1.0),
             prev_balance_s: 2e-5 * (rank as f64 + 0.25),
             prev_sync: SyncTime { wait_s: 1e-3 * rank as f64, comm_s: f64::MIN_POSITIVE },
+            stop: if rank == 2 { libc::SIGTERM } else { 0 },
         }
     }
 

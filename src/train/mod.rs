@@ -26,6 +26,7 @@ pub mod footprint;
 pub mod metrics;
 pub mod optim;
 pub mod recipe;
+pub mod stop;
 
 pub use aids::Slowdown;
 
@@ -44,6 +45,7 @@ use crate::train::checkpoint::{Progress, Snapshot};
 use crate::train::metrics::{EvalResult, IterRecord, JsonlWriter, StragglerTally, Summary};
 use crate::train::optim::Optimizer;
 use crate::train::recipe::Recipe;
+use crate::train::stop::StopSignal;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -60,9 +62,43 @@ pub struct RunOptions {
     pub checkpoint_every: Option<usize>,
     /// Keep only the newest this many checkpoints in `checkpoint_dir` (all when unset).
     pub keep: Option<usize>,
-    /// Continue from a checkpoint: a folder of checkpoints (its newest valid one) or one `step-<n>`
-    /// folder.
-    pub resume: Option<PathBuf>,
+    /// Where the run starts: afresh, from a checkpoint, or from the newest in `checkpoint_dir`.
+    pub resume: Resume,
+}
+
+/// Where a run starts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Resume {
+    /// From the recipe's initial parameters. The checkpoint folder must hold no checkpoint.
+    #[default]
+    Fresh,
+    /// From a checkpoint: a folder of checkpoints (its newest valid one) or one `step-<n>` folder.
+    From(PathBuf),
+    /// From the newest valid checkpoint in [`RunOptions::checkpoint_dir`] when it holds any, else
+    /// afresh: one command serves a job's first start and every restart after a preemption.
+    Auto,
+}
+
+impl Resume {
+    /// The checkpoint to continue from: rank 0 looks into the checkpoint folder for
+    /// [`Resume::Auto`] and tells the others, so all ranks start alike.
+    fn source(&self, comm: &dyn Communicator, checkpoint_dir: Option<&std::path::Path>) -> Result<Option<PathBuf>> {
+        match (self, checkpoint_dir) {
+            (Resume::Fresh, _) => Ok(None),
+            (Resume::From(p), _) => Ok(Some(p.clone())),
+            (Resume::Auto, None) => {
+                Err(Error::config("--resume auto", "needs a checkpoint folder (--checkpoint-dir DIR) to look in"))
+            }
+            (Resume::Auto, Some(dir)) => {
+                let found = if comm.rank() == 0 { checkpoint::list(dir).map(|l| !l.is_empty()) } else { Ok(false) };
+                let flag = [f64::from(u8::from(*found.as_ref().unwrap_or(&false)))];
+                share_outcome(comm, 0, found.map(|_| ()))?;
+                let mut any = [0.0];
+                comm.all_reduce_sum_f64_into(&flag, &mut any);
+                Ok((any[0] > 0.0).then(|| dir.to_path_buf()))
+            }
+        }
+    }
 }
 
 /// One rank's part of a training run: the model, its optimizer, the gradient sync and the
@@ -87,6 +123,8 @@ pub struct Run<'a> {
     /// Seconds the balancer's last step took here.
     last_balance_s: f64,
     pub progress: Progress,
+    /// Whether the run continues from a checkpoint.
+    resumed: bool,
     /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
     iters_per_epoch: usize,
     planned: usize,
@@ -108,10 +146,11 @@ impl<'a> Run<'a> {
         comm.broadcast_into(0, &mut model.params);
         let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
         check_slowdowns(&recipe.runtime.slowdown, world)?;
-        if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &opts.resume, rank) {
+        let resume = opts.resume.source(comm, opts.checkpoint_dir.as_deref())?;
+        if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &resume, rank) {
             checkpoint::check_fresh(dir)?;
         }
-        let progress = match &opts.resume {
+        let progress = match &resume {
             None => Progress::default(),
             Some(src) => {
                 let r = checkpoint::resume(src, comm, recipe, &mut model, &mut opt)?;
@@ -142,6 +181,7 @@ impl<'a> Run<'a> {
             last_run_s: 0.0,
             last_balance_s: 0.0,
             progress,
+            resumed: resume.is_some(),
             iters_per_epoch,
             planned,
             total_iters: cfg.max_iters.map_or(planned, |m| m.min(planned)),
@@ -198,6 +238,7 @@ impl<'a> Run<'a> {
             prev_run_s: self.last_run_s,
             prev_balance_s: self.last_balance_s,
             prev_sync: self.last_sync,
+            stop: stop::received().map_or(0, StopSignal::number),
         };
 
         self.comm.note(iter, Phase::Sync);
@@ -214,6 +255,12 @@ impl<'a> Run<'a> {
         self.balancer.observe(&self.obs);
         self.last_balance_s = balancing.elapsed().as_secs_f64();
         Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
+    }
+
+    /// The stop signal that a rank had received by its last [`Run::step`] (the first rank's that
+    /// had), the same on every rank: the run should stop here.
+    pub fn stop_signal(&self) -> Option<StopSignal> {
+        self.sync.stats.iter().find_map(|s| StopSignal::from_number(s.stop))
     }
 
     /// Every rank's wait and transfer seconds in the collective of the iteration before the last
@@ -320,7 +367,15 @@ impl<'a> Run<'a> {
 }
 
 /// Trains `recipe` on `data` over `comm`; returns the same summary on every rank.
+///
+/// A stop signal of `runtime.stop_signals` (handled while this runs, where `comm` owns the
+/// process) ends it after the iteration that every rank learns of it in, with a checkpoint where
+/// there is a checkpoint folder: [`Error::Preempted`] on every rank.
 pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &RunOptions) -> Result<Summary> {
+    let _handlers = match comm.owns_process() {
+        true => Some(stop::Handlers::install(&recipe.runtime.stop_signals)?),
+        false => None,
+    };
     let mut run = Run::new(recipe, data, comm, opts)?;
     let mut out = Outputs::new(&run, opts)?;
     let (start, started) = (run.progress.step, Instant::now());
@@ -328,6 +383,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     // (iteration, loss, lr) of a non-finite loss: the same on every rank (the loss is summed from the
     // gathered stats), so all ranks stop together.
     let mut diverged: Option<(usize, f64, f32)> = None;
+    let mut stopped: Option<StopSignal> = None;
     'epochs: while run.progress.epoch < recipe.train.epochs {
         let epoch = run.progress.epoch;
         let plan = EpochPlan::new(data.train.len(), recipe.train.global_batch, recipe.train.seed, epoch as u64);
@@ -353,6 +409,10 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             run.progress.step += 1;
             run.progress.batch_in_epoch = t + 1;
             out.checkpoint_if_due(&mut run)?;
+            stopped = run.stop_signal();
+            if stopped.is_some() {
+                break 'epochs;
+            }
         }
         run.balancer.end_epoch();
         out.end_epoch(&mut run, epoch);
@@ -366,6 +426,17 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     }
     if let Some((iter, loss, lr)) = diverged {
         return Err(Error::Diverged { iter, loss, lr });
+    }
+    if let Some(signal) = stopped {
+        let saved = match &out.checkpoint_dir {
+            Some(dir) => format!(
+                "its checkpoint is {}; continue with --resume auto (or --resume {})",
+                checkpoint::step_dir(dir, run.progress.step).display(),
+                dir.display()
+            ),
+            None => "no checkpoint was written (no --checkpoint-dir)".to_string(),
+        };
+        return Err(Error::Preempted { signal, iterations: run.progress.step, saved });
     }
     Ok(summary(&mut run, &tally, started))
 }
@@ -436,9 +507,9 @@ impl Outputs {
         let rank0 = run.comm.rank() == 0;
         let bar = progress_bar(rank0 && opts.progress, run.total_iters);
         bar.set_position(run.progress.step.min(run.total_iters) as u64);
-        let metrics = match (&opts.metrics, rank0, &opts.resume) {
-            (Some(p), true, None) => Some(JsonlWriter::streaming(p)?),
-            (Some(p), true, Some(_)) => Some(JsonlWriter::resume_records(p, run.progress.step)?),
+        let metrics = match (&opts.metrics, rank0, run.resumed) {
+            (Some(p), true, false) => Some(JsonlWriter::streaming(p)?),
+            (Some(p), true, true) => Some(JsonlWriter::resume_records(p, run.progress.step)?),
             _ => None,
         };
         Ok(Outputs {

@@ -37,8 +37,8 @@ pub struct RuntimeConfig {
     /// The kernels' instruction-set tier: `auto` (the best this CPU has), `avx512`, `avx2` or
     /// `portable`. `--isa` / `LBBSP_ISA` override it.
     pub isa: IsaChoice,
-    /// Rayon threads per rank; unset: the node's cores ÷ the ranks on the node. `--threads`
-    /// overrides it.
+    /// Rayon threads per rank; unset: `SLURM_CPUS_PER_TASK` under Slurm, else the node's cores ÷
+    /// the ranks on the node. `--threads` overrides it.
     pub threads: Option<usize>,
     /// How ranks sum the gradient: `auto`, `shm`, `ring` or `mpi`. `--allreduce` /
     /// `LBBSP_ALLREDUCE` override it.
@@ -49,6 +49,10 @@ pub struct RuntimeConfig {
     /// Seconds a rank may wait inside one collective before its watchdog ends the job, naming the
     /// ranks that did not arrive and what each was last doing (`crate::dist::watchdog`); 0: never.
     pub collective_timeout_s: f64,
+    /// Signals that stop the run after the iteration it is in, with a checkpoint, and exit with
+    /// status 75 (`crate::train::stop`): `TERM`, `INT`, `USR1`, `USR2` or `HUP`. Slurm's usual
+    /// ones by default (SIGTERM, SIGUSR1, SIGINT); `[]` leaves every signal's default action.
+    pub stop_signals: Vec<crate::train::stop::StopSignal>,
 }
 
 impl Default for RuntimeConfig {
@@ -61,6 +65,7 @@ impl Default for RuntimeConfig {
             // Long enough for a slow rank's evaluation or rank 0's checkpoint write, short enough
             // that a hung job is noticed within minutes.
             collective_timeout_s: 300.0,
+            stop_signals: crate::train::stop::StopSignal::defaults(),
         }
     }
 }
@@ -302,6 +307,7 @@ mod tests {
             ("runtime.threads=0", "runtime.threads"),
             ("runtime.collective_timeout_s=-1", "runtime.collective_timeout_s"),
             ("runtime.cores=2", "cores"),
+            ("runtime.stop_signals=[\"KILL\"]", "TERM, INT, USR1, USR2 or HUP"),
         ] {
             let e = Recipe::parse(DIGITS, Path::new("x.toml"), &[set.into()]).unwrap_err().to_string();
             assert!(e.contains(want), "{set}: {e}");

@@ -20,7 +20,7 @@ use lbbsp::dist::watchdog::{exit_on_timeout, Watched};
 use lbbsp::train::footprint::Footprint;
 use lbbsp::train::metrics::write_json;
 use lbbsp::train::recipe::RuntimeConfig;
-use lbbsp::train::{RunOptions, Slowdown};
+use lbbsp::train::{Resume, RunOptions, Slowdown};
 use std::path::{Path, PathBuf};
 
 /// Data-parallel CPU training over MPI with load-balanced bulk synchronous parallel (LB-BSP).
@@ -106,7 +106,8 @@ struct TrainArgs {
     /// Write the end-of-run summary (JSON) to this file.
     #[arg(long)]
     summary: Option<PathBuf>,
-    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    /// Rayon threads per rank [default: SLURM_CPUS_PER_TASK under Slurm, else cores on the node ÷
+    /// ranks on the node].
     #[arg(long)]
     threads: Option<usize>,
     /// Test aid: stretch RANK's compute time by FACTOR from iteration ITER on (default 0).
@@ -132,9 +133,11 @@ struct TrainArgs {
     /// warning), or from DIR itself if it is one step-<iter> folder (which must be valid). The recipe
     /// must have the same data, model, global batch, seed and optimizer kind; with another world
     /// size the balancer restarts from the equal split. New checkpoints go into the same folder
-    /// unless --checkpoint-dir says otherwise.
-    #[arg(long, value_name = "DIR")]
-    resume: Option<PathBuf>,
+    /// unless --checkpoint-dir says otherwise. `--resume auto` continues from the newest checkpoint
+    /// in --checkpoint-dir when there is one and starts afresh when there is none, so one job
+    /// script serves the first start and every requeue (a folder named auto: `./auto`).
+    #[arg(long, value_name = "DIR|auto", value_parser = parse_resume)]
+    resume: Option<lbbsp::train::Resume>,
 }
 
 #[derive(clap::Args)]
@@ -150,7 +153,8 @@ struct EvalArgs {
     /// checkpoint's model.safetensors), or a checkpoint's step-<iter> folder.
     #[arg(long, value_name = "FILE")]
     weights: PathBuf,
-    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    /// Rayon threads per rank [default: SLURM_CPUS_PER_TASK under Slurm, else cores on the node ÷
+    /// ranks on the node].
     #[arg(long)]
     threads: Option<usize>,
     /// Also write the result (JSON: test_accuracy, test_loss, samples, correct) to this file.
@@ -171,7 +175,8 @@ struct BenchArgs {
     /// Iterations left out of the timing at the start.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
-    /// Rayon threads per rank [default: cores on the node ÷ ranks on the node].
+    /// Rayon threads per rank [default: SLURM_CPUS_PER_TASK under Slurm, else cores on the node ÷
+    /// ranks on the node].
     #[arg(long)]
     threads: Option<usize>,
     /// gemm: timed samples per shape (their median and best are printed); allreduce: timed calls
@@ -213,6 +218,14 @@ fn parse_every(s: &str) -> std::result::Result<usize, String> {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!("`{s}`: expected a number of iterations, at least 1")),
     }
+}
+
+fn parse_resume(s: &str) -> std::result::Result<lbbsp::train::Resume, String> {
+    Ok(match s {
+        "auto" => lbbsp::train::Resume::Auto,
+        "" => return Err("expected a checkpoint folder, or `auto`".into()),
+        dir => lbbsp::train::Resume::From(PathBuf::from(dir)),
+    })
 }
 
 fn parse_slowdown(s: &str) -> std::result::Result<Slowdown, String> {
@@ -279,16 +292,18 @@ fn on_ranks(f: impl FnOnce(&mut Mpi) -> Result<()>) -> Result<()> {
     let mut comm = Mpi::init()?;
     let result = f(&mut comm);
     if let Err(e) = &result {
-        let collective = e.downcast_ref::<lbbsp::error::Error>().is_some_and(|e| e.is_collective());
+        let lib = e.downcast_ref::<lbbsp::error::Error>();
+        let collective = lib.is_some_and(|e| e.is_collective());
         if collective {
             // Every rank has the same verdict and rank 0 reports it, before MPI_Finalize: the
-            // other ranks leave after it with status 1, and mpirun then ends the job, so a report
-            // written after MPI would race with that end and could be lost.
+            // other ranks leave after it with the same status, and mpirun then ends the job, so a
+            // report written after MPI would race with that end and could be lost.
+            let preempted = matches!(lib, Some(lbbsp::error::Error::Preempted { .. }));
             if comm.rank() == 0 {
-                eprintln!("error: {e:#}");
+                eprintln!("{}: {e:#}", if preempted { "lbbsp" } else { "error" });
             }
             drop(comm);
-            std::process::exit(1);
+            std::process::exit(if preempted { lbbsp::train::stop::PREEMPTED_STATUS } else { 1 });
         }
         if !collective && comm.world_size() > 1 {
             // Other ranks may be blocked in a collective: take the whole job down with a message.
@@ -303,9 +318,12 @@ fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()>
     let mut recipe = lbbsp::train::recipe::resolve(&args.recipe, &args.set)?;
     recipe.runtime.slowdown.extend(&args.slowdown);
     for (flag, given) in [("--checkpoint-every", args.checkpoint_every), ("--keep", args.keep)] {
-        if given.is_some() && args.checkpoint_dir.is_none() && args.resume.is_none() {
+        if given.is_some() && args.checkpoint_dir.is_none() && !matches!(args.resume, Some(Resume::From(_))) {
             bail!("{flag} needs --checkpoint-dir DIR (or --resume DIR) to say where checkpoints go");
         }
+    }
+    if args.resume == Some(Resume::Auto) && args.checkpoint_dir.is_none() {
+        bail!("--resume auto needs --checkpoint-dir DIR: the folder to continue from, and to write checkpoints into");
     }
     let threads = start_runtime(comm, &mut recipe.runtime, flags)?;
     let watched = Watched::new(&*comm, recipe.runtime.collective_timeout_s, exit_on_timeout())?;
@@ -339,13 +357,13 @@ fn train_on(comm: &mut Mpi, args: &TrainArgs, flags: RuntimeFlags) -> Result<()>
     let opts = RunOptions {
         metrics: args.metrics.clone(),
         progress: !args.quiet,
-        checkpoint_dir: args
-            .checkpoint_dir
-            .clone()
-            .or_else(|| args.resume.as_deref().map(lbbsp::train::checkpoint::root_of)),
+        checkpoint_dir: args.checkpoint_dir.clone().or_else(|| match &args.resume {
+            Some(Resume::From(dir)) => Some(lbbsp::train::checkpoint::root_of(dir)),
+            _ => None,
+        }),
         checkpoint_every: args.checkpoint_every,
         keep: args.keep,
-        resume: args.resume.clone(),
+        resume: args.resume.clone().unwrap_or_default(),
     };
     let summary = lbbsp::train(&recipe, &data, comm, &opts)?;
     if rank0 {
@@ -467,13 +485,27 @@ fn bench_allreduce(comm: &Mpi, args: &BenchArgs) -> Result<()> {
 fn start_runtime(comm: &mut Mpi, runtime: &mut RuntimeConfig, flags: RuntimeFlags) -> Result<usize> {
     let isa = lbbsp::Isa::select(flags.isa.unwrap_or(runtime.isa)).context("runtime.isa / --isa")?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = flags.threads.or(runtime.threads).unwrap_or((cores / comm.local_size().max(1)).max(1));
+    let threads = match (flags.threads.or(runtime.threads), slurm_cpus_per_task()?) {
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => (cores / comm.local_size().max(1)).max(1),
+    };
     rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("starting the rayon thread pool")?;
     let allreduce = comm.choose_allreduce(flags.allreduce.unwrap_or(runtime.allreduce))?;
     runtime.isa = lbbsp::IsaChoice::Exactly(isa);
     runtime.threads = Some(threads);
     runtime.allreduce = allreduce.choice();
     Ok(threads)
+}
+
+/// The CPUs Slurm gave each task (`srun --cpus-per-task`, `sbatch -c`), when it says.
+fn slurm_cpus_per_task() -> Result<Option<usize>> {
+    match std::env::var("SLURM_CPUS_PER_TASK") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => bail!("SLURM_CPUS_PER_TASK={v:?} is not a count of CPUs: unset it, or pass --threads N"),
+        },
+    }
 }
 
 fn eval_on(comm: &mut Mpi, args: &EvalArgs, flags: RuntimeFlags) -> Result<()> {
