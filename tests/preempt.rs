@@ -55,6 +55,10 @@ enum To {
     Mpirun,
 }
 
+/// A further signal, and when it goes: a condition on the watched rank's record at the first
+/// signal and now.
+type Then<'a> = (i32, &'a dyn Fn(&Snapshot, &Snapshot) -> bool);
+
 /// How a signalled job ended.
 struct Stopped {
     status: Option<i32>,
@@ -79,7 +83,7 @@ fn stop_when(
     signal: i32,
     args: &[&str],
     when: impl Fn(&Snapshot) -> bool,
-    more: &[(i32, &dyn Fn(&Snapshot, &Snapshot) -> bool)],
+    more: &[Then],
 ) -> Stopped {
     let tmp = scratch(&format!("flight-{watch}-{signal}"));
     let _guard = mpi_lock();
