@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sourced by quickstart.sh and test.sh: installs what is missing (OpenMPI, libclang, a Rust
-# toolchain) and points LBBSP_DATA at the data sets, fetching them where there is internet.
+# Sourced by quickstart.sh and test.sh: installs what is missing (OpenMPI, libclang, Slurm and
+# munge, a Rust toolchain) and points LBBSP_DATA at the data sets, fetching them where there is internet.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +24,9 @@ have_libclang || missing+=(libclang-dev)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# tests/slurm.rs starts a one-node Slurm cluster (scripts/slurm/local_cluster.sh).
+for tool in srun sbatch slurmctld slurmd; do command -v "$tool" >/dev/null 2>&1 || { missing+=(slurm-wlm); break; }; done
+command -v munged >/dev/null 2>&1 || missing+=(munge)
 # tests/multihost.rs makes two "hosts" as network namespaces (`ip netns`).
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
