@@ -138,6 +138,12 @@ fn whole_checkpoints(ck: &Path) -> Vec<usize> {
     steps.into_iter().map(|s| s.0).collect()
 }
 
+/// An iteration in `lo..hi`, different at each run (printed with the case).
+fn random_iter(lo: u64, hi: u64) -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    lo + u64::from(nanos) % (hi - lo)
+}
+
 fn weights(ck: &Path) -> Vec<u8> {
     std::fs::read(ck.join(format!("step-{ITERS}")).join("model.safetensors")).unwrap()
 }
@@ -188,15 +194,16 @@ fn stopped_in_time(k: &Stopped, ck: &Path, what: &str) -> usize {
 #[test]
 fn sigterm_to_one_rank_stops_all_with_a_checkpoint_and_resume_auto_is_bitwise() {
     let full = uninterrupted("preempt-rank");
-    let at_compute = |r: &Snapshot| r.iter >= 150 && r.phase == Phase::Compute as u64;
-    let in_sync = |r: &Snapshot| r.iter >= 150 && r.phase == Phase::Sync as u64 && r.collective != 0;
+    let (a, b) = (random_iter(110, 290), random_iter(110, 290));
+    let at_compute = move |r: &Snapshot| r.iter >= a && r.phase == Phase::Compute as u64;
+    let in_sync = move |r: &Snapshot| r.iter >= b && r.phase == Phase::Sync as u64 && r.collective != 0;
     // After the optimizer's gathers, in rank 0's write itself.
     let writing = |r: &Snapshot| r.iter >= 200 && r.phase == Phase::Checkpoint as u64 && r.collective == 0;
-    type When = fn(&Snapshot) -> bool;
+    type When<'a> = &'a dyn Fn(&Snapshot) -> bool;
     let cases: [(&str, usize, To, When); 3] = [
-        ("SIGTERM to rank 2 at compute", 2, To::Watched, at_compute),
-        ("SIGTERM to rank 1 inside the sync", 1, To::Watched, in_sync),
-        ("SIGTERM to rank 0 writing a checkpoint", 0, To::Watched, writing),
+        ("SIGTERM to rank 2 at compute", 2, To::Watched, &at_compute),
+        ("SIGTERM to rank 1 inside the sync", 1, To::Watched, &in_sync),
+        ("SIGTERM to rank 0 writing a checkpoint", 0, To::Watched, &writing),
     ];
     for (what, watch, to, when) in cases {
         let dir = scratch(&format!("preempt-{watch}"));

@@ -1,10 +1,12 @@
 //! Under a real one-node Slurm cluster (`scripts/slurm/local_cluster.sh`: munge, slurmctld and
 //! slurmd from Debian's packages, with a generated slurm.conf), started and stopped here:
-//! 1. `srun -n 2 --mpi=pmix lbbsp train digits-mlp` follows a one-process run within 1e-4;
+//! 1. `srun -n 2 --mpi=pmix lbbsp train digits-mlp` follows a one-process run within 1e-4 (run
+//!    first, with case 4);
 //! 2. the shipped job script (`scripts/slurm/train.sbatch`, run as it is, with its paths from the
 //!    environment) is sent `scancel --signal=TERM` mid-run: it checkpoints and exits with 75; after
 //!    `scontrol requeue` it resumes on its own and ends bitwise equal to an uninterrupted run;
-//! 3. the same, requeued onto 1 task instead of 2, follows the 2-rank trajectory within 1e-4.
+//! 3. the same, requeued onto 1 task instead of 2, follows the 2-rank trajectory within 1e-4;
+//! 4. `mpirun` inside an `sbatch -n 2` allocation starts 2 ranks that follow one process.
 //!
 //! Where the daemons cannot start (not root, Slurm not installed), it says SKIPPED and why.
 
@@ -46,6 +48,8 @@ impl Cluster {
     fn cmd(&self, program: &str, args: &[&str]) -> Command {
         let mut c = Command::new(program);
         c.args(args).env("SLURM_CONF", &self.conf).env("LBBSP_DATA", data_dir());
+        // For mpirun inside a job, as root in CI.
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         c
     }
 
@@ -191,6 +195,18 @@ fn srun_and_a_preempted_requeued_job_script() {
         "srun -n 2 --mpi=pmix digits-mlp: {n} iterations in {:.1} s, loss within {d:.1e} of one process",
         t.elapsed().as_secs_f64()
     );
+
+    // mpirun inside an sbatch allocation: Open MPI reads it and starts its 2 ranks.
+    let (m3, s3) = (dir.join("mpirun.jsonl"), dir.join("mpirun.json"));
+    let wrap = format!("mpirun {} train digits-mlp -q --metrics {} --summary {}", bin(), s(&m3), s(&s3));
+    let log = dir.join("mpirun.out");
+    let id = cluster.run("sbatch", &["--parsable", "-n", "2", "-o", s(&log), "--wrap", &wrap]).trim().to_string();
+    let code = cluster.wait_for(&id, &["COMPLETED", "FAILED"], Duration::from_secs(120));
+    assert_eq!(code, "0:0", "mpirun inside sbatch failed:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert_eq!(summary(&s3).world_size, 2, "mpirun took the allocation's 2 tasks");
+    let d = max_rel_diff(&losses(&m1), &losses(&m3), n);
+    assert!(d <= 1e-4, "mpirun inside sbatch follows one process within {d:.2e} relative, not 1e-4");
+    eprintln!("mpirun inside sbatch -n 2 digits-mlp: loss within {d:.1e} of one process");
 
     // The uninterrupted reference: the job's own command line, on 2 tasks.
     let reference = dir.join("reference");
