@@ -47,11 +47,12 @@ pub enum Error {
          written; no checkpoint is written for it)"
     )]
     Diverged { iter: usize, loss: f64, lr: f32 },
-    /// A stop signal (`runtime.stop_signals`) ended the run after `iterations` iterations, every
-    /// rank at the same one, with a checkpoint written where there is a checkpoint folder. The
-    /// command line exits with [`crate::train::stop::PREEMPTED_STATUS`].
+    /// A stop signal (`runtime.stop_signals`, named in `signal`) ended the run after `iterations`
+    /// iterations, every rank at the same one, with a checkpoint written where there is a
+    /// checkpoint folder. The command line exits with status 75 (the train module's
+    /// `stop::PREEMPTED_STATUS`).
     #[error("stopped by {signal} after iteration {iterations}: {saved}")]
-    Preempted { signal: crate::train::stop::StopSignal, iterations: usize, saved: String },
+    Preempted { signal: String, iterations: usize, saved: String },
 }
 
 impl Error {

@@ -196,6 +196,12 @@ fn srun_and_a_preempted_requeued_job_script() {
         t.elapsed().as_secs_f64()
     );
 
+    // Threads per rank follow --cpus-per-task: 1 here, where the node's 2 cores would give 2.
+    let one = dir.join("threads.json");
+    cluster
+        .run("srun", &["-n", "1", "-c", "1", "--mpi=pmix", bin(), "train", "digits-mlp", "-q", "--summary", s(&one)]);
+    assert_eq!(summary(&one).threads_per_rank, 1, "srun -c 1 gives each rank 1 thread (SLURM_CPUS_PER_TASK)");
+
     // mpirun inside an sbatch allocation: Open MPI reads it and starts its 2 ranks.
     let (m3, s3) = (dir.join("mpirun.jsonl"), dir.join("mpirun.json"));
     let wrap = format!("mpirun {} train digits-mlp -q --metrics {} --summary {}", bin(), s(&m3), s(&s3));

@@ -436,7 +436,7 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             ),
             None => "no checkpoint was written (no --checkpoint-dir)".to_string(),
         };
-        return Err(Error::Preempted { signal, iterations: run.progress.step, saved });
+        return Err(Error::Preempted { signal: signal.to_string(), iterations: run.progress.step, saved });
     }
     Ok(summary(&mut run, &tally, started))
 }
