@@ -11,7 +11,14 @@ if command -v cargo >/dev/null 2>&1; then without_mpi; tested=1; fi
 source scripts/setup.sh
 [ -n "${tested:-}" ] || without_mpi
 cargo run --release --locked -q -- data fetch all   # verify checksums; download what is missing
+# The mpirun and Slurm tiers' measurements (times from a signal to exit and from a requeue to the
+# first resumed iteration, kills, two hosts), printed after the run.
+export LBBSP_TEST_REPORT="${TMPDIR:-/tmp}/lbbsp-test-report-$$.txt"
+rm -f "$LBBSP_TEST_REPORT"
 cargo test --release --locked --all-targets
+echo "test: measurements of the mpirun and Slurm tiers:" >&2
+cat "$LBBSP_TEST_REPORT" >&2 || true
+rm -f "$LBBSP_TEST_REPORT"
 # Kernel numerics loop over the tiers inside the unit tests, and tests/isa.rs trains on each; the
 # in-process gradient checks and allocation test run once more on every further tier this CPU has.
 set -- $(./target/release/lbbsp isa | sed -n 's/.*available=//p' | tr , ' ')

@@ -148,7 +148,10 @@ fn sigkill_at_compute_and_resume_is_bitwise_under_bsp() {
     let records = lbbsp::train::metrics::read_records(&m).unwrap();
     let iters: Vec<usize> = records.iter().map(|r| r.iter).collect();
     assert_eq!(iters, (0..ITERS).collect::<Vec<_>>(), "the metrics file holds each iteration once");
-    eprintln!("kill at compute (iteration {}): job ended {:?} after, {lines} records kept", k.at.iter, k.exit_after);
+    report(&format!(
+        "kill at compute (iteration {}): job ended {:?} after, {lines} records kept",
+        k.at.iter, k.exit_after
+    ));
 }
 
 #[test]
@@ -162,10 +165,10 @@ fn sigkill_inside_the_sync_of_3_ranks_and_resume_on_2_follows_the_trajectory() {
     resume(&ck, &m, 2, "bsp");
     let d = max_rel_diff(&losses(&full_m), &losses(&m), ITERS);
     assert!(d <= 1e-4, "resumed on 2 ranks, the loss differs by {d:.2e} relative from 3 ranks uninterrupted");
-    eprintln!(
+    report(&format!(
         "kill in sync (iteration {}): ended {:?} after; resumed on 2 ranks: loss within {d:.2e}",
         k.at.iter, k.exit_after
-    );
+    ));
 }
 
 /// Under lbbsp the splits follow measured times, so no two runs share them, and rounding that
@@ -190,7 +193,10 @@ fn sigkill_of_rank_0_writing_a_checkpoint_leaves_only_whole_ones_and_lbbsp_resum
     argv.extend(["--set", &replay]);
     lbbsp_ok(2, &argv);
     assert!(weights(&ck) == weights(&full_ck), "resumed weights differ from the uninterrupted run on the same splits");
-    eprintln!("kill in checkpoint write at {}: ended {:?} after, checkpoints {steps:?}", k.at.iter, k.exit_after);
+    report(&format!(
+        "kill in checkpoint write at {}: ended {:?} after, checkpoints {steps:?}",
+        k.at.iter, k.exit_after
+    ));
 }
 
 /// A stopped rank hangs no one for good: the watchdog ends the job and names it.
@@ -204,5 +210,5 @@ fn sigstop_of_a_rank_is_reported_by_the_watchdog() {
     assert!(k.exit_after < Duration::from_secs(30), "ended {:?} after the stop", k.exit_after);
     let named = format!("pid {}), its process is STOPPED", k.at.pid);
     assert!(k.stderr.contains("lbbsp watchdog: rank 0 has waited") && k.stderr.contains(&named), "{}", k.stderr);
-    eprintln!("SIGSTOP with a 5 s timeout: the job ended {:?} after", k.exit_after);
+    report(&format!("SIGSTOP with a 5 s timeout: the job ended {:?} after", k.exit_after));
 }

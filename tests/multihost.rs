@@ -93,7 +93,7 @@ fn s(p: &Path) -> &str {
 fn two_namespace_hosts_train_split_invariantly_over_the_ring_and_survive_a_kill() {
     let dir = scratch("multihost");
     let Some(hosts) = Hosts::up(&dir) else {
-        eprintln!("SKIPPED: cannot create network namespaces here (needs root and iproute2's `ip netns`)");
+        report(&format!("SKIPPED: cannot create network namespaces here (needs root and iproute2's `ip netns`)"));
         return;
     };
     // Split invariance across the hosts, on the ring.
@@ -140,8 +140,8 @@ fn two_namespace_hosts_train_split_invariantly_over_the_ring_and_survive_a_kill(
     assert!(!out.status.success() && took < Duration::from_secs(30), "ended after {took:?}: {err}");
     assert!(err.contains("process rank 1 with PID"), "the lost rank is named:\n{err}");
     let kept = lbbsp::train::metrics::read_records(&m).unwrap().len();
-    eprintln!(
+    report(&format!(
         "2 hosts: loss within {d:.2e} of 1 process over 100 iterations; kill of rank 1 at iteration {}: job ended {took:?} after, {kept} records kept",
         at.iter
-    );
+    ));
 }

@@ -184,10 +184,10 @@ fn stopped_in_time(k: &Stopped, ck: &Path, what: &str) -> usize {
     let records = lbbsp::train::metrics::read_records(&ck.with_file_name("m.jsonl")).unwrap();
     let iters: Vec<usize> = records.iter().map(|r| r.iter).collect();
     assert_eq!(iters, (0..stop).collect::<Vec<_>>(), "{what}: the metrics hold every iteration up to the stop once");
-    eprintln!(
+    report(&format!(
         "{what}: signal in iteration {under_way}, checkpoint step-{stop}, status {PREEMPTED_STATUS} {:.0} ms after the signal",
         k.exit_after.as_secs_f64() * 1e3
-    );
+    ));
     stop
 }
 
@@ -248,9 +248,9 @@ fn a_second_signal_during_the_stops_checkpoint_exits_at_once_and_leaves_the_one_
     assert!(k.stderr.contains("a second stop signal"), "{}", k.stderr);
     let steps = whole_checkpoints(&ck);
     assert!(steps.contains(&100), "the checkpoint before the stop's is gone: {steps:?}");
-    eprintln!(
+    report(&format!(
         "second SIGTERM during the stop's checkpoint: exit {:.0} ms after the first, checkpoints {steps:?}",
         k.exit_after.as_secs_f64() * 1e3
-    );
+    ));
     resumes_bitwise(&dir, &full);
 }

@@ -171,7 +171,7 @@ fn srun_and_a_preempted_requeued_job_script() {
     let cluster = match Cluster::start() {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("SKIPPED: no Slurm cluster could start here: {why}");
+            report(&format!("SKIPPED: no Slurm cluster could start here: {why}"));
             return;
         }
     };
@@ -191,10 +191,10 @@ fn srun_and_a_preempted_requeued_job_script() {
     let n = losses(&m1).len();
     let d = max_rel_diff(&losses(&m1), &losses(&m2), n);
     assert!(d <= 1e-4, "srun -n 2 follows one process within {d:.2e} relative, not 1e-4");
-    eprintln!(
+    report(&format!(
         "srun -n 2 --mpi=pmix digits-mlp: {n} iterations in {:.1} s, loss within {d:.1e} of one process",
         t.elapsed().as_secs_f64()
-    );
+    ));
 
     // Threads per rank follow --cpus-per-task: 1 here, where the node's 2 cores would give 2.
     let one = dir.join("threads.json");
@@ -212,7 +212,7 @@ fn srun_and_a_preempted_requeued_job_script() {
     assert_eq!(summary(&s3).world_size, 2, "mpirun took the allocation's 2 tasks");
     let d = max_rel_diff(&losses(&m1), &losses(&m3), n);
     assert!(d <= 1e-4, "mpirun inside sbatch follows one process within {d:.2e} relative, not 1e-4");
-    eprintln!("mpirun inside sbatch -n 2 digits-mlp: loss within {d:.1e} of one process");
+    report(&format!("mpirun inside sbatch -n 2 digits-mlp: loss within {d:.1e} of one process"));
 
     // The uninterrupted reference: the job's own command line, on 2 tasks.
     let reference = dir.join("reference");
@@ -230,9 +230,9 @@ fn srun_and_a_preempted_requeued_job_script() {
     let to_resume = requeue_and_finish(&cluster, &id, &run, None, stop);
     assert!(final_weights(&run.join("checkpoints")) == final_weights(&ref_ck), "the requeued job's weights differ");
     assert_eq!(summary(&run.join("summary.json")).threads_per_rank, 1, "threads from --cpus-per-task");
-    eprintln!(
+    report(&format!(
         "job script, SIGTERM → exit 75: {to_exit:.2} s; requeue → first resumed iteration: {to_resume:.2} s; bitwise"
-    );
+    ));
 
     // 3. Requeued onto 1 task.
     let run = dir.join("job-fewer");
@@ -242,8 +242,8 @@ fn srun_and_a_preempted_requeued_job_script() {
     assert_eq!(summary(&run.join("summary.json")).world_size, 1, "the requeued job ran on 1 task");
     let d = max_rel_diff(&losses(&ref_m), &losses(&run.join("metrics.jsonl")), ITERS);
     assert!(d <= 1e-4, "requeued on 1 task, the loss differs from 2 tasks by {d:.2e} relative");
-    eprintln!(
+    report(&format!(
         "requeue 2 → 1 task: SIGTERM → exit 75: {to_exit:.2} s; requeue → first resumed iteration: {to_resume:.2} s; \
          loss within {d:.1e} of 2 tasks"
-    );
+    ));
 }

@@ -21,6 +21,20 @@ pub fn bin() -> &'static str {
     }
 }
 
+/// Prints a test's measurement (a time, a distance), and appends it to the file
+/// `LBBSP_TEST_REPORT` names, if set: `scripts/test.sh` prints that file at the end, where cargo's
+/// capture of passing tests' output would hide the lines.
+pub fn report(line: &str) {
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("LBBSP_TEST_REPORT") {
+        use std::io::Write;
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+        if let Ok(mut f) = file {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
 /// A fresh scratch folder for one test.
 pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("lbbsp-test-{}-{name}", std::process::id()));
