@@ -76,6 +76,17 @@ fn unknown_recipe_and_data_set_names() {
 }
 
 #[test]
+fn bad_resume_and_stop_settings() {
+    fails_with(&["train", "digits-mlp", "--resume", "auto"], None, &["--resume auto needs --checkpoint-dir"]);
+    fails_with(&["train", "digits-mlp", "--set", "runtime.stop_signals=[\"KILL\"]"], None, &["`KILL`", "USR1"]);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["train", "digits-mlp", "--set", "train.max_iters=1"]).env("LBBSP_DATA", data_dir());
+    let out = cmd.env("SLURM_CPUS_PER_TASK", "two").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("SLURM_CPUS_PER_TASK=\"two\""), "{err}");
+}
+
+#[test]
 fn bad_slowdown_argument() {
     fails_with(&["train", "digits-mlp", "--slowdown", "1-3"], None, &["RANK:FACTOR"]);
     fails_with(&["train", "digits-mlp", "--slowdown", "5:2.0"], None, &["rank 5"]);
