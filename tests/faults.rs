@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use lbbsp::dist::watchdog::{read_record, Phase, Snapshot};
+use lbbsp::dist::watchdog::{Phase, Snapshot};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -67,12 +67,7 @@ fn signal_when(ranks: usize, victim: usize, signal: i32, args: &[&str], when: im
     let at = loop {
         assert!(started.elapsed() < Duration::from_secs(120), "rank {victim}'s record never matched");
         assert!(child.try_wait().unwrap().is_none(), "the job ended before the kill");
-        let record = std::fs::read_dir(&tmp)
-            .ok()
-            .and_then(|mut d| {
-                d.find_map(|e| e.ok().filter(|e| e.file_name().to_string_lossy().starts_with("lbbsp-flight")))
-            })
-            .and_then(|e| read_record(&e.path().join(format!("rank-{victim}"))));
+        let record = flight_record(&tmp, victim);
         match record {
             Some(r) if when(&r) => break r,
             _ => std::thread::sleep(Duration::from_micros(100)),
@@ -81,16 +76,7 @@ fn signal_when(ranks: usize, victim: usize, signal: i32, args: &[&str], when: im
     // SAFETY: a plain kill(2) of the victim's pid, read from its own record.
     assert_eq!(unsafe { libc::kill(at.pid as i32, signal) }, 0, "signalling pid {}", at.pid);
     let killed = Instant::now();
-    let out = loop {
-        if child.try_wait().unwrap().is_some() {
-            break child.wait_with_output().unwrap();
-        }
-        if killed.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            panic!("the job did not end within 60 s of the signal");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let out = wait_for_exit(child, killed);
     let exit_after = killed.elapsed();
     assert!(!out.status.success(), "a job that lost a rank must fail");
     Killed { stderr: String::from_utf8_lossy(&out.stderr).into_owned(), at, exit_after }
@@ -104,16 +90,6 @@ fn uninterrupted(dir: &Path, ranks: usize, policy: &str) -> (PathBuf, PathBuf) {
     let (ck, m) = (dir.join("full-ck"), dir.join("full.jsonl"));
     lbbsp_ok(ranks, &args(policy, s(&ck), s(&m), false));
     (ck, m)
-}
-
-/// Every `step-<n>` folder left in `ck` is a whole checkpoint (`lbbsp eval` verifies every digest).
-fn every_checkpoint_is_whole(ck: &Path) -> Vec<usize> {
-    let steps = lbbsp::train::checkpoint::list(ck).unwrap();
-    for (_, dir) in &steps {
-        lbbsp::train::checkpoint::read_state(dir).unwrap_or_else(|e| panic!("half-written checkpoint: {e}"));
-        lbbsp_ok(0, &["eval", "mnist-mlp", "--weights", s(dir)]);
-    }
-    steps.into_iter().map(|s| s.0).collect()
 }
 
 fn assert_killed_report(k: &Killed, victim: usize) {
@@ -142,7 +118,7 @@ fn sigkill_at_compute_and_resume_is_bitwise_under_bsp() {
     // Streamed metrics survive: every iteration up to the one before the kill's.
     let lines = lbbsp::train::metrics::read_records(&m).unwrap().len();
     assert!(lines as u64 >= k.at.iter.saturating_sub(1), "{lines} records survive a kill at iteration {}", k.at.iter);
-    assert_eq!(every_checkpoint_is_whole(&ck), [100]);
+    assert_eq!(whole_checkpoints(&ck, "mnist-mlp"), [100]);
     resume(&ck, &m, 2, "bsp");
     assert!(weights(&ck) == weights(&full_ck), "resumed weights differ from the uninterrupted run's");
     let records = lbbsp::train::metrics::read_records(&m).unwrap();
@@ -184,7 +160,7 @@ fn sigkill_of_rank_0_writing_a_checkpoint_leaves_only_whole_ones_and_lbbsp_resum
     let writing = |r: &Snapshot| r.iter >= 200 && r.phase == Phase::Checkpoint as u64 && r.collective == 0;
     let k = signal_when(2, 0, libc::SIGKILL, &args("lbbsp", s(&ck), s(&m), false), writing);
     assert_killed_report(&k, 0);
-    let steps = every_checkpoint_is_whole(&ck);
+    let steps = whole_checkpoints(&ck, "mnist-mlp");
     assert!(steps == [100] || steps == [200, 100], "{steps:?}");
     resume(&ck, &m, 2, "lbbsp");
     let (full_ck, full_m) = (dir.join("full-ck"), dir.join("full.jsonl"));

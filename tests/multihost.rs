@@ -93,7 +93,7 @@ fn s(p: &Path) -> &str {
 fn two_namespace_hosts_train_split_invariantly_over_the_ring_and_survive_a_kill() {
     let dir = scratch("multihost");
     let Some(hosts) = Hosts::up(&dir) else {
-        report(&format!("SKIPPED: cannot create network namespaces here (needs root and iproute2's `ip netns`)"));
+        report("SKIPPED: cannot create network namespaces here (needs root and iproute2's `ip netns`)");
         return;
     };
     // Split invariance across the hosts, on the ring.

@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use lbbsp::dist::watchdog::{read_record, Phase, Snapshot};
+use lbbsp::dist::watchdog::{Phase, Snapshot};
 use lbbsp::train::stop::PREEMPTED_STATUS;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -68,12 +68,6 @@ struct Stopped {
     exit_after: Duration,
 }
 
-fn newest_record(tmp: &Path, rank: usize) -> Option<Snapshot> {
-    let dir =
-        std::fs::read_dir(tmp).ok()?.flatten().find(|e| e.file_name().to_string_lossy().starts_with("lbbsp-flight"))?;
-    read_record(&dir.path().join(format!("rank-{rank}")))
-}
-
 /// Starts 3 ranks of `args`, waits until rank `watch`'s flight record satisfies `when`, sends
 /// `signal` to `to`, then each of `more` (signal, condition on `watch`'s record) in turn, and waits
 /// for the job to end (at most 60 s).
@@ -96,7 +90,7 @@ fn stop_when(
     let wait_for = |cond: &dyn Fn(&Snapshot) -> bool, child: &mut std::process::Child| loop {
         assert!(started.elapsed() < Duration::from_secs(120), "rank {watch}'s record never matched");
         assert!(child.try_wait().unwrap().is_none(), "the job ended before the signal");
-        match newest_record(&tmp, watch) {
+        match flight_record(&tmp, watch) {
             Some(r) if cond(&r) => break r,
             _ => std::thread::sleep(Duration::from_micros(100)),
         }
@@ -114,28 +108,9 @@ fn stop_when(
         // SAFETY: as above, the watched rank's own pid.
         assert_eq!(unsafe { libc::kill(then.pid as i32, *sig) }, 0);
     }
-    let out = loop {
-        if child.try_wait().unwrap().is_some() {
-            break child.wait_with_output().unwrap();
-        }
-        if signalled.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            panic!("the job did not end within 60 s of the signal");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let out = wait_for_exit(child, signalled);
     let exit_after = signalled.elapsed();
     Stopped { status: out.status.code(), stderr: String::from_utf8_lossy(&out.stderr).into_owned(), at, exit_after }
-}
-
-/// Every `step-<n>` folder left in `ck` is whole; returns their steps, newest first.
-fn whole_checkpoints(ck: &Path) -> Vec<usize> {
-    let steps = lbbsp::train::checkpoint::list(ck).unwrap();
-    for (_, dir) in &steps {
-        lbbsp::train::checkpoint::read_state(dir).unwrap_or_else(|e| panic!("half-written checkpoint: {e}"));
-        lbbsp_ok(0, &["eval", "mnist-mlp", "--weights", s(dir)]);
-    }
-    steps.into_iter().map(|s| s.0).collect()
 }
 
 /// An iteration in `lo..hi`, different at each run (printed with the case).
@@ -174,7 +149,7 @@ fn uninterrupted(name: &str) -> Vec<u8> {
 fn stopped_in_time(k: &Stopped, ck: &Path, what: &str) -> usize {
     assert_eq!(k.status, Some(PREEMPTED_STATUS), "{what}: status {:?}, stderr:\n{}", k.status, k.stderr);
     assert!(k.stderr.contains("stopped by SIG"), "{what}: no report in:\n{}", k.stderr);
-    let steps = whole_checkpoints(ck);
+    let steps = whole_checkpoints(ck, "mnist-mlp");
     let stop = steps[0];
     let under_way = k.at.iter as usize;
     assert!(
@@ -246,7 +221,7 @@ fn a_second_signal_during_the_stops_checkpoint_exits_at_once_and_leaves_the_one_
     );
     assert_eq!(k.status, Some(128 + libc::SIGTERM), "status {:?}, stderr:\n{}", k.status, k.stderr);
     assert!(k.stderr.contains("a second stop signal"), "{}", k.stderr);
-    let steps = whole_checkpoints(&ck);
+    let steps = whole_checkpoints(&ck, "mnist-mlp");
     assert!(steps.contains(&100), "the checkpoint before the stop's is gone: {steps:?}");
     report(&format!(
         "second SIGTERM during the stop's checkpoint: exit {:.0} ms after the first, checkpoints {steps:?}",

@@ -21,6 +21,39 @@ pub fn bin() -> &'static str {
     }
 }
 
+/// Rank `rank`'s flight record (`lbbsp::dist::watchdog`) in a job started with `TMPDIR=tmp`.
+pub fn flight_record(tmp: &std::path::Path, rank: usize) -> Option<lbbsp::dist::watchdog::Snapshot> {
+    let dir =
+        std::fs::read_dir(tmp).ok()?.flatten().find(|e| e.file_name().to_string_lossy().starts_with("lbbsp-flight"))?;
+    lbbsp::dist::watchdog::read_record(&dir.path().join(format!("rank-{rank}")))
+}
+
+/// Waits for `child` to end, at most 60 s after `since` (when it was signalled); kills it and
+/// panics after that.
+pub fn wait_for_exit(mut child: std::process::Child, since: std::time::Instant) -> Output {
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if since.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().ok();
+            panic!("the job did not end within 60 s of the signal");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Every `step-<n>` folder left in `ck` is a whole checkpoint of `recipe` (`lbbsp eval` verifies
+/// every digest); returns their steps, newest first.
+pub fn whole_checkpoints(ck: &std::path::Path, recipe: &str) -> Vec<usize> {
+    let steps = lbbsp::train::checkpoint::list(ck).unwrap();
+    for (_, dir) in &steps {
+        lbbsp::train::checkpoint::read_state(dir).unwrap_or_else(|e| panic!("half-written checkpoint: {e}"));
+        lbbsp_ok(0, &["eval", recipe, "--weights", dir.to_str().unwrap()]);
+    }
+    steps.into_iter().map(|s| s.0).collect()
+}
+
 /// Prints a test's measurement (a time, a distance), and appends it to the file
 /// `LBBSP_TEST_REPORT` names, if set: `scripts/test.sh` prints that file at the end, where cargo's
 /// capture of passing tests' output would hide the lines.
