@@ -152,8 +152,9 @@ fn requeue_and_finish(c: &Cluster, id: &str, run_dir: &Path, ntasks: Option<usiz
             c.run("scontrol", &["release", id])
         }
     };
-    // A requeued job becomes eligible two minutes later unless told otherwise.
-    c.run("scontrol", &["update", &format!("JobId={id}"), "StartTime=now"]);
+    // The requeued job becomes eligible once its previous run's credential has expired
+    // (`cred_expire`, 10 s in the test cluster's slurm.conf): starting it sooner makes slurmd refuse
+    // it ("Job credential revoked").
     let code = c.wait_for(id, &["COMPLETED", "FAILED"], Duration::from_secs(180));
     assert_eq!(code, "0:0", "the requeued job failed; log:\n{}", log(run_dir));
     let records = lbbsp::train::metrics::read_records(&run_dir.join("metrics.jsonl")).unwrap();

@@ -50,7 +50,9 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# A requeued job waits out the credential lifetime of its previous run before it may start again
+# (slurmd refuses it as "Job credential revoked" until then): 10 s here instead of 120.
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
