@@ -80,33 +80,28 @@ fn median(mut x: Vec<f64>) -> f64 {
     x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// One process of mnist-mlp at B = 32 (about half a millisecond of compute), one thread, under
-/// 1.5 ms of CPU in every 3 ms: some iterations run within the quota and some are frozen at the
-/// end of their compute. Their CPU seconds per sample, from the reported time and share, must
-/// agree; with the freeze outside the reported time, a frozen iteration's came out at a quarter.
+/// One process of mnist-mlp at B = 32, one thread, under a quota of three of its iterations'
+/// compute in every six (measured first without the quota, so that a host twice as fast or slow
+/// still gives both kinds): some iterations run within the quota and some are frozen at the end
+/// of their compute. Their CPU seconds per sample, from the reported time and share, must agree;
+/// with the freeze outside the reported time, a frozen iteration's came out at a quarter.
 #[test]
 fn a_rank_under_a_quota_reports_its_freezes_within_its_compute() {
-    let Some(quota) = Quota::new(1_500, 3_000) else {
+    let dir = scratch("quota");
+    let _guard = mpi_lock();
+    let free = dir.join("free.jsonl");
+    let status = command(0, "none", &[], &strs(&mnist_mlp_at_32(200, &free))).status().expect("start lbbsp");
+    assert!(status.success(), "lbbsp without a quota failed: {status}");
+    let compute: Vec<f64> = read_records(&free).unwrap().iter().skip(50).map(|r| r.compute_s[0]).collect();
+    // The kernel's least quota is 1 ms.
+    let quota_us = ((3e6 * median(compute)) as u64).max(1_000);
+    let Some(quota) = Quota::new(quota_us, 2 * quota_us) else {
         eprintln!("SKIPPED: no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max); run as root");
         return;
     };
-    let dir = scratch("quota");
     let m = dir.join("m.jsonl");
-    let args = [
-        "train",
-        "mnist-mlp",
-        "-q",
-        "--threads",
-        "1",
-        "--set",
-        "train.max_iters=600",
-        "--set",
-        "train.global_batch=32",
-        "--metrics",
-        m.to_str().unwrap(),
-    ];
-    let _guard = mpi_lock();
-    let mut child = command(0, "none", &[], &args).spawn().expect("start lbbsp");
+    let args = mnist_mlp_at_32(600, &m);
+    let mut child = command(0, "none", &[], &strs(&args)).spawn().expect("start lbbsp");
     let joined = quota.add(child.id());
     let status = child.wait().expect("wait for lbbsp");
     assert!(joined, "could not move lbbsp into {}", quota.dir.display());
@@ -115,12 +110,28 @@ fn a_rank_under_a_quota_reports_its_freezes_within_its_compute() {
     let (nf, nr) = (frozen.len(), running.len());
     assert!(nf >= 30 && nr >= 30, "too few iterations of a kind to compare: {nf} frozen, {nr} not");
     let ratio = median(frozen) / median(running);
-    eprintln!("CPU seconds per sample, frozen iterations over unfrozen: {ratio:.3} ({nf} frozen, {nr} not)");
+    eprintln!(
+        "CPU seconds per sample, frozen iterations over unfrozen: {ratio:.3} ({nf} frozen, {nr} not; \
+         quota {quota_us} us of {} us)",
+        2 * quota_us
+    );
     assert!(
         (0.75..1.33).contains(&ratio),
         "a frozen iteration's CPU seconds per sample are {ratio:.2} of an unfrozen one's ({nf} frozen, {nr} not): \
          the reported compute time and the CPU share describe different intervals"
     );
+}
+
+/// The arguments of one process of mnist-mlp, one thread, B = 32, for `iters` iterations.
+fn mnist_mlp_at_32(iters: u32, metrics: &Path) -> Vec<String> {
+    let iters = format!("train.max_iters={iters}");
+    let m = metrics.to_str().unwrap();
+    let args = ["train", "mnist-mlp", "-q", "--threads", "1", "--set", &iters, "--set", "train.global_batch=32"];
+    args.iter().chain(&["--metrics", m]).map(|s| s.to_string()).collect()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }
 
 /// CPU seconds per sample (`compute_s · cpu_share / batch`) of the iterations after the first 50,
