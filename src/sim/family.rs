@@ -82,7 +82,12 @@ fn process(u: &mut dyn FnMut(f64, f64) -> f64, within: bool) -> Interference {
             let period_s = log_u(u, 1e-3, 0.1);
             Interference::Quota { on: Targets { signal: None, ..on }, quota_s: period_s * u(0.2, 0.8), period_s }
         }
-        _ => Interference::Hog { on: Targets { signal: None, ..on }, slice_s: log_u(u, 5e-4, 1.2e-2) },
+        _ => Interference::Hog {
+            on: Targets { signal: None, ..on },
+            slice_s: log_u(u, 5e-4, 1.2e-2),
+            on_s: None,
+            off_s: None,
+        },
     }
 }
 

@@ -802,10 +802,39 @@ bytes = 0.0
         assert!((bsp_short / bsp_long - 1.0).abs() < 0.15, "{bsp_short} {bsp_long}");
         // The windows: 1 ms of every 2 ms from phase 0; 1.5 ms of CPU from t = 0.5 ms runs 0.5 ms,
         // waits 1 ms, runs 1 ms: done at 3 ms, 2.5 ms later.
-        let s = Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0 };
+        let s = Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None };
         assert!((s.wall(0.0005, 0.0015) - 0.0025).abs() < 1e-12, "{}", s.wall(0.0005, 0.0015));
         assert!((s.cpu_within(0.0005, 0.0025) - 0.0015).abs() < 1e-12);
         assert!(s.running(0.0005) && !s.running(0.0015));
+    }
+
+    /// A bursty hog's windows against a brute-force walk of the wall clock in 10 µs steps: the CPU
+    /// it allows, the time a demand of CPU takes, and the freezes it counts.
+    #[test]
+    fn a_bursty_hogs_windows_match_a_walk_of_the_clock() {
+        let bursts = Some(scenario::Bursts { on_s: 0.0237, cycle_s: 0.05 });
+        let s = Slices { run_s: 0.003, period_s: 0.006, phase_s: 0.0171, bursts };
+        let dt = 1e-5;
+        let mut rng = crate::data::rng::Rng::from_keys(&[7]);
+        let dt: f64 = dt;
+        for _ in 0..200 {
+            let start = (0.2 * rng.next_f64() / dt).round() * dt;
+            let wall = (0.12 * rng.next_f64() / dt).round() * dt;
+            let steps = (wall / dt).round() as usize;
+            let run = |j: usize| s.running(start + (j as f64 + 0.5) * dt);
+            let cpu = (0..steps).filter(|&j| run(j)).count() as f64 * dt;
+            assert!((s.cpu_within(start, wall) - cpu).abs() < 2.5 * dt, "{start} {wall}: {cpu}");
+            let stops = (1..steps).filter(|&j| run(j - 1) && !run(j)).count() + usize::from(!run(0));
+            assert!((s.freezes(start, wall) - stops as f64).abs() <= 1.0, "{start} {wall}: {stops}");
+            if cpu > 0.0 {
+                assert!((s.cpu_within(start, s.wall(start, cpu)) - cpu).abs() < 1e-9, "{start} {cpu}");
+                assert!(s.wall(start, cpu) <= wall + 2.5 * dt, "{start} {cpu}: {} > {wall}", s.wall(start, cpu));
+            }
+        }
+        // A burst of 23.7 ms gives 3 whole turns of 3 ms and a fourth, 12 ms; the 26.3 ms after it
+        // are the rank's: 38.3 ms of CPU in every 50.
+        assert!((s.cpu_within(0.0, 0.05) - 0.0383).abs() < 1e-12, "{}", s.cpu_within(0.0, 0.05));
+        assert!((s.average_stretch() - 0.05 / 0.0383).abs() < 1e-12);
     }
 
     #[test]
@@ -911,6 +940,10 @@ bytes = 0.0
             (
                 "name = \"x\"\nranks = 2\niterations = 1\nbatch_per_rank = 1\n[compute]\nalpha_s = 0.0\nbeta_s = 1.0\n[[interference]]\nkind = \"steady\"\nfactor = 0.5\n",
                 "interference[0]",
+            ),
+            (
+                "name = \"x\"\nranks = 2\niterations = 1\nbatch_per_rank = 1\n[compute]\nalpha_s = 0.0\nbeta_s = 1.0\n[[interference]]\nkind = \"hog\"\nranks = [1]\nslice_s = 0.003\non_s = 0.3\n",
+                "both on_s and off_s",
             ),
         ] {
             let e = Scenario::parse(bad, Path::new("bad.toml")).unwrap_err().to_string();

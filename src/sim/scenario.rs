@@ -257,11 +257,19 @@ pub enum Interference {
         period_s: f64,
     },
     /// A CPU hog sharing the rank's core: the scheduler gives the core to each in turns of
-    /// `slice_s` seconds, so the rank gets half of it, in whole slices.
+    /// `slice_s` seconds, so the rank gets half of it, in whole slices. With `on_s` and `off_s`, a
+    /// bursty job: the hog runs `on_s` of every `on_s + off_s` seconds of wall time (each rank at
+    /// its own phase) and the rank has its core to itself in between. A job's bursts follow the
+    /// wall clock, not the iterations: a policy whose iterations are faster meets them in more of
+    /// its iterations.
     Hog {
         #[serde(flatten)]
         on: Targets,
         slice_s: f64,
+        #[serde(default)]
+        on_s: Option<f64>,
+        #[serde(default)]
+        off_s: Option<f64>,
     },
 }
 
@@ -269,19 +277,58 @@ pub enum Interference {
 /// [`Interference::Hog`]): `run_s` of every `period_s` seconds of wall time, the windows shifted by
 /// `phase_s`. A rank is always runnable (it busy-polls while it waits for the others, as the
 /// trainer's ranks do with one rank per core), so it runs in every window, whatever it computes.
+/// With `bursts`, the windows hold only within a burst, and the rank runs freely outside one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slices {
     pub run_s: f64,
     pub period_s: f64,
     pub phase_s: f64,
+    pub bursts: Option<Bursts>,
+}
+
+/// Bursts of a slice-granular process: `on_s` of every `cycle_s` seconds of wall time, each burst's
+/// windows starting with the rank running at its onset (`phase_s` then shifts the bursts).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bursts {
+    pub on_s: f64,
+    pub cycle_s: f64,
 }
 
 impl Slices {
+    /// CPU seconds the windows allow in their first `u` seconds.
+    fn windows_cpu(&self, u: f64) -> f64 {
+        let k = (u / self.period_s).floor();
+        k * self.run_s + (u - k * self.period_s).min(self.run_s)
+    }
+
+    /// The first time at which the windows have allowed `cpu` seconds (> 0).
+    fn windows_wall(&self, cpu: f64) -> f64 {
+        // The window in which the cumulative CPU reaches cpu: the first k with (k + 1)·run ≥ cpu
+        // (a rounding above a window's end must not skip the freeze after it).
+        let k = (cpu / self.run_s * (1.0 - 1e-12)).ceil() - 1.0;
+        k * self.period_s + (cpu - k * self.run_s)
+    }
+
+    /// Off-windows that begin in the windows' first `u` seconds (−1 before the first one).
+    fn windows_off_starts(&self, u: f64) -> f64 {
+        ((u - self.run_s) / self.period_s).floor()
+    }
+
+    /// A burst's CPU seconds and off-windows, and a whole cycle's CPU seconds.
+    fn burst_totals(&self, b: Bursts) -> (f64, f64, f64) {
+        let in_burst = self.windows_cpu(b.on_s);
+        let offs = ((b.on_s - self.run_s) / self.period_s).ceil().max(0.0);
+        (in_burst, offs, in_burst + b.cycle_s - b.on_s)
+    }
+
     /// CPU seconds the rank may have had from clock 0 to wall clock `x`.
     fn available(&self, x: f64) -> f64 {
         let y = x + self.phase_s;
-        let k = (y / self.period_s).floor();
-        k * self.run_s + (y - k * self.period_s).min(self.run_s)
+        let Some(b) = self.bursts else { return self.windows_cpu(y) };
+        let (in_burst, _, cycle) = self.burst_totals(b);
+        let k = (y / b.cycle_s).floor();
+        let r = y - k * b.cycle_s;
+        k * cycle + if r < b.on_s { self.windows_cpu(r) } else { in_burst + r - b.on_s }
     }
 
     /// Wall seconds from clock `start` until the rank has had `cpu` seconds of CPU.
@@ -290,16 +337,38 @@ impl Slices {
             return 0.0;
         }
         let v = self.available(start) + cpu;
-        // The window in which the cumulative CPU reaches v: the first k with (k + 1)·run ≥ v.
-        let k = (v / self.run_s).ceil() - 1.0;
-        (k * self.period_s + (v - k * self.run_s) - self.phase_s - start).max(cpu)
+        let y = match self.bursts {
+            None => self.windows_wall(v),
+            Some(b) => {
+                let (in_burst, _, cycle) = self.burst_totals(b);
+                let k = (v / cycle).floor();
+                let rem = v - k * cycle;
+                k * b.cycle_s
+                    + match rem {
+                        r if r <= 0.0 => 0.0,
+                        // A rounding above the burst's CPU must not skip the freeze that ends it.
+                        r if r <= in_burst + 1e-12 * cycle => self.windows_wall(r.min(in_burst)),
+                        r => b.on_s + r - in_burst,
+                    }
+            }
+        };
+        (y - self.phase_s - start).max(cpu)
+    }
+
+    /// Off-windows that begin up to wall clock `x` (from a fixed origin).
+    fn off_starts(&self, x: f64) -> f64 {
+        let y = x + self.phase_s;
+        let Some(b) = self.bursts else { return self.windows_off_starts(y) };
+        let (_, offs, _) = self.burst_totals(b);
+        let k = (y / b.cycle_s).floor();
+        let r = y - k * b.cycle_s;
+        k * offs + if r < b.on_s { self.windows_off_starts(r) + 1.0 } else { offs }
     }
 
     /// How many times the rank is frozen in `wall` seconds from clock `start` (the trainer's
     /// preemption count): the off-windows that begin inside, and the one it starts in.
     pub fn freezes(&self, start: f64, wall: f64) -> f64 {
-        let off_starts = |x: f64| ((x + self.phase_s - self.run_s) / self.period_s).floor();
-        let inside = (off_starts(start + wall) - off_starts(start)).max(0.0);
+        let inside = (self.off_starts(start + wall) - self.off_starts(start)).max(0.0);
         inside + f64::from(u8::from(!self.running(start)))
     }
 
@@ -308,14 +377,24 @@ impl Slices {
         (self.available(start + wall) - self.available(start)).max(0.0)
     }
 
-    /// How many times longer than its CPU seconds the rank takes on average: `period / run`.
+    /// How many times longer than its CPU seconds the rank takes on average: `period / run`, or
+    /// a cycle's seconds over its CPU seconds.
     pub fn average_stretch(&self) -> f64 {
-        self.period_s / self.run_s
+        match self.bursts {
+            None => self.period_s / self.run_s,
+            Some(b) => b.cycle_s / self.burst_totals(b).2,
+        }
     }
 
     /// Whether the rank may run at wall clock `x`.
     pub fn running(&self, x: f64) -> bool {
-        let y = x + self.phase_s;
+        let mut y = x + self.phase_s;
+        if let Some(b) = self.bursts {
+            y -= (y / b.cycle_s).floor() * b.cycle_s;
+            if y >= b.on_s {
+                return true;
+            }
+        }
         y - (y / self.period_s).floor() * self.period_s < self.run_s
     }
 }
@@ -352,11 +431,14 @@ fn combine(atoms: &mut Vec<(f64, f64)>, other: &[(f64, f64)]) {
     }
 }
 
-/// Sets the slices of a slice-granular process's ranks, each with its own phase (keyed draws).
-fn sliced(slices: &mut [Option<Slices>], on: &Targets, (run_s, period_s): (f64, f64), (seed, k): (u64, usize)) {
+/// Sets the slices of a slice-granular process's ranks, each with its own phase (keyed draws) of
+/// the windows or, with bursts, of the bursts.
+fn sliced(slices: &mut [Option<Slices>], on: &Targets, window: (f64, f64), bursts: Option<Bursts>, key: (u64, usize)) {
+    let ((run_s, period_s), (seed, k)) = (window, key);
     for r in on.select(slices.len()) {
-        let phase_s = period_s * Rng::from_keys(&[seed, k as u64, r as u64, 0x511ce]).next_f64();
-        slices[r] = Some(Slices { run_s, period_s, phase_s });
+        let phase_s =
+            bursts.map_or(period_s, |b| b.cycle_s) * Rng::from_keys(&[seed, k as u64, r as u64, 0x511ce]).next_f64();
+        slices[r] = Some(Slices { run_s, period_s, phase_s, bursts });
     }
 }
 
@@ -526,6 +608,14 @@ impl Interference {
             Interference::Hog { slice_s, .. } if !(*slice_s > 0.0 && slice_s.is_finite()) => {
                 Err(format!("slice_s must be a positive number of seconds, got {slice_s}"))
             }
+            Interference::Hog { on_s, off_s, .. } if on_s.is_some() != off_s.is_some() => {
+                Err("a bursty hog needs both on_s and off_s (seconds on and off), or neither for a steady one".into())
+            }
+            Interference::Hog { on_s: Some(on), off_s: Some(off), .. }
+                if !(*on > 0.0 && on.is_finite() && *off > 0.0 && off.is_finite()) =>
+            {
+                Err(format!("on_s and off_s must be positive numbers of seconds, got {on} and {off}"))
+            }
             _ => Ok(()),
         }
     }
@@ -633,11 +723,12 @@ impl Process {
                 freezes: [preemptions.clone(), run_shares.clone(), run_seconds.clone()],
             },
             Interference::Quota { on, quota_s, period_s } => {
-                sliced(slices, on, (*quota_s, *period_s), (seed, k));
+                sliced(slices, on, (*quota_s, *period_s), None, (seed, k));
                 Process::Sliced
             }
-            Interference::Hog { on, slice_s } => {
-                sliced(slices, on, (*slice_s, 2.0 * slice_s), (seed, k));
+            Interference::Hog { on, slice_s, on_s, off_s } => {
+                let bursts = on_s.zip(*off_s).map(|(on_s, off_s)| Bursts { on_s, cycle_s: on_s + off_s });
+                sliced(slices, on, (*slice_s, 2.0 * slice_s), bursts, (seed, k));
                 Process::Sliced
             }
         })
