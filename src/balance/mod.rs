@@ -557,9 +557,9 @@ impl Balancer {
         if let Some((expected, moved)) = self.chosen.take().filter(|_| slowest > 0.0 && slowest.is_finite()) {
             self.overruns.iter_mut().flatten().for_each(|x| *x *= SURPRISE_FORGETTING);
             let mut score = |k: usize, t: f64, e: f64| (0..3).for_each(|j| self.overruns[k][j] += [t, e, 1.0][j]);
-            // Not where a rank freezes in windows: there a split gains by where each rank's
-            // compute ends in them, which no line in the batch prices.
-            if moved && self.equal_expected > 0.0 && self.freezes.iter().all(|f| f.windows().0 <= 0.0) {
+            // Under freezes in windows too: the line misprices where a compute ends in them, but
+            // without a score there the moves of a run frozen everywhere are never checked.
+            if moved && self.equal_expected > 0.0 {
                 let equal = equal_split(self.global_batch, obs.len()).into_iter().zip(obs.iter().zip(times));
                 let equal = equal.map(|(e, (o, t))| t * (rho + e as f64) / (rho + o.batch as f64)).fold(0.0, f64::max);
                 if equal.is_finite() {
