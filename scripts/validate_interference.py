@@ -13,7 +13,8 @@ conditions). What the scenario takes from the runs, per condition:
 - the noise: the relative deviation of rank 0's times about that line (the median absolute
   deviation, scaled to a standard deviation, so that the host's hiccups do not count as noise);
 - `comm.fixed_s`: the median of `iter_s − max_i compute_i` over the iterations in which no rank was
-  frozen (no frozen seconds, every rank running its whole previous iteration): the simulator adds
+  frozen (no frozen seconds in its compute, and a share of the whole iteration of at least 0.99,
+  which the next record's `run_share` carries): the simulator adds
   a freeze in the collective itself, and a median over frozen iterations counted it twice (the 2 ms
   quota's 1.69 ms against 0.51 ms unfrozen and the quiet runs' 0.49 ms). A condition with fewer
   than 20 such iterations (at B = 2048 a quota or a hog freezes rank 1 in every one) takes those of
@@ -64,14 +65,19 @@ def measure(c):
     """Rank 0's line and noise, the fixed cost, the iterations and bsp's median iteration seconds."""
     pts, fixed, unfrozen, bsp_iter, iters = [], [], [], [], 0
     for policy, path in c["runs"]:
-        recs = [r for r in records(path)[WARMUP:] if sum(r["batch_sizes"]) == r["global_batch"]]
-        iters = max(iters, len(recs) + WARMUP)
-        for r in recs:
+        every = records(path)
+        iters = max(iters, len(every))
+        for k, r in enumerate(every[WARMUP:], WARMUP):
+            if sum(r["batch_sizes"]) != r["global_batch"]:
+                continue
             pts.append((r["batch_sizes"][0], r["compute_s"][0]))
             fixed.append(r["iter_s"] - max(r["compute_s"]))
             # The simulator freezes a rank in the collective itself (a quota's or a hog's windows):
-            # the fixed cost is the collective's own, from iterations in which no rank was frozen.
-            if not any(r.get("frozen_s") or [0.0]) and min(r.get("run_share") or [1.0]) >= 0.99:
+            # the fixed cost is the collective's own, from iterations in which no rank was frozen,
+            # in its compute (its frozen seconds) or anywhere in it (the share over the whole
+            # iteration, which the next record carries).
+            after = every[k + 1] if k + 1 < len(every) else {}
+            if not any(r.get("frozen_s") or [0.0]) and min(after.get("run_share") or [0.0]) >= 0.99:
                 unfrozen.append(fixed[-1])
             if policy == "bsp":
                 bsp_iter.append(r["iter_s"])
