@@ -90,7 +90,7 @@ fn a_rank_under_a_quota_reports_its_freezes_within_its_compute() {
     let dir = scratch("quota");
     let _guard = mpi_lock();
     let free = dir.join("free.jsonl");
-    let status = command(0, "none", &[], &strs(&mnist_mlp_at_32(200, &free))).status().expect("start lbbsp");
+    let status = mnist_mlp_at_32(200, &free).status().expect("start lbbsp");
     assert!(status.success(), "lbbsp without a quota failed: {status}");
     let compute: Vec<f64> = read_records(&free).unwrap().iter().skip(50).map(|r| r.compute_s[0]).collect();
     // The kernel's least quota is 1 ms.
@@ -100,12 +100,12 @@ fn a_rank_under_a_quota_reports_its_freezes_within_its_compute() {
         return;
     };
     let m = dir.join("m.jsonl");
-    let args = mnist_mlp_at_32(600, &m);
-    let mut child = command(0, "none", &[], &strs(&args)).spawn().expect("start lbbsp");
+    let mut cmd = mnist_mlp_at_32(600, &m);
+    let mut child = cmd.spawn().expect("start lbbsp");
     let joined = quota.add(child.id());
     let status = child.wait().expect("wait for lbbsp");
     assert!(joined, "could not move lbbsp into {}", quota.dir.display());
-    assert!(status.success(), "lbbsp {args:?} failed: {status}");
+    assert!(status.success(), "{cmd:?} failed: {status}");
     let (frozen, running) = per_sample_cpu(&m);
     let (nf, nr) = (frozen.len(), running.len());
     assert!(nf >= 30 && nr >= 30, "too few iterations of a kind to compare: {nf} frozen, {nr} not");
@@ -122,16 +122,11 @@ fn a_rank_under_a_quota_reports_its_freezes_within_its_compute() {
     );
 }
 
-/// The arguments of one process of mnist-mlp, one thread, B = 32, for `iters` iterations.
-fn mnist_mlp_at_32(iters: u32, metrics: &Path) -> Vec<String> {
+/// One process of mnist-mlp, one thread, B = 32, for `iters` iterations.
+fn mnist_mlp_at_32(iters: u32, metrics: &Path) -> std::process::Command {
     let iters = format!("train.max_iters={iters}");
-    let m = metrics.to_str().unwrap();
-    let args = ["train", "mnist-mlp", "-q", "--threads", "1", "--set", &iters, "--set", "train.global_batch=32"];
-    args.iter().chain(&["--metrics", m]).map(|s| s.to_string()).collect()
-}
-
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
+    let set = ["--set", &iters, "--set", "train.global_batch=32", "--metrics", metrics.to_str().unwrap()];
+    command(0, "none", &[], &[&["train", "mnist-mlp", "-q", "--threads", "1"][..], &set].concat())
 }
 
 /// CPU seconds per sample (`compute_s · cpu_share / batch`) of the iterations after the first 50,

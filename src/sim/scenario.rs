@@ -294,6 +294,14 @@ pub struct Bursts {
     pub cycle_s: f64,
 }
 
+impl Bursts {
+    /// The whole cycles before time `y`, and the seconds into the one it falls in.
+    fn cycles(&self, y: f64) -> (f64, f64) {
+        let k = (y / self.cycle_s).floor();
+        (k, y - k * self.cycle_s)
+    }
+}
+
 impl Slices {
     /// CPU seconds the windows allow in their first `u` seconds.
     fn windows_cpu(&self, u: f64) -> f64 {
@@ -326,8 +334,7 @@ impl Slices {
         let y = x + self.phase_s;
         let Some(b) = self.bursts else { return self.windows_cpu(y) };
         let (in_burst, _, cycle) = self.burst_totals(b);
-        let k = (y / b.cycle_s).floor();
-        let r = y - k * b.cycle_s;
+        let (k, r) = b.cycles(y);
         k * cycle + if r < b.on_s { self.windows_cpu(r) } else { in_burst + r - b.on_s }
     }
 
@@ -360,8 +367,7 @@ impl Slices {
         let y = x + self.phase_s;
         let Some(b) = self.bursts else { return self.windows_off_starts(y) };
         let (_, offs, _) = self.burst_totals(b);
-        let k = (y / b.cycle_s).floor();
-        let r = y - k * b.cycle_s;
+        let (k, r) = b.cycles(y);
         k * offs + if r < b.on_s { self.windows_off_starts(r) + 1.0 } else { offs }
     }
 
@@ -390,7 +396,7 @@ impl Slices {
     pub fn running(&self, x: f64) -> bool {
         let mut y = x + self.phase_s;
         if let Some(b) = self.bursts {
-            y -= (y / b.cycle_s).floor() * b.cycle_s;
+            y = b.cycles(y).1;
             if y >= b.on_s {
                 return true;
             }
