@@ -82,9 +82,10 @@ pub struct PolicyResult {
     /// Iterations after each isolated change of speed (one followed by at least 10 unchanged
     /// iterations) until the iteration time is within 10% of the oracle's.
     pub recovery: Vec<usize>,
-    /// The longest run of iterations in which some rank's batch stayed below half of its
-    /// equal-time share (its size in the split by the true, noise-free speeds; under slices, by
-    /// the average speed).
+    /// The longest run of iterations in which some rank was starved: its compute at its batch took
+    /// less than half of its compute at its equal-time share, both by its true, noise-free line
+    /// (the share by those lines; under slices, the least of its share in the iteration, by where
+    /// the clock falls in the windows, and its share at the average speed).
     pub longest_starved: usize,
     /// How much the split oscillated: the worst rank's reversals per 100 iterations
     /// ([`Reversals`]).
@@ -227,24 +228,13 @@ pub fn simulate(
         // The oracle knows the iteration's noise too: it is the bound of any split.
         let noisy: Vec<Line> = lines.iter().zip(&noise).map(|(l, &e)| l.scaled(e)).collect();
         let oracle = equalize_by(&timed(&noisy, &slices, oracle_clock), big_b, &bounds);
-        // Starvation is measured against each rank's equal-time share by its true speed in this
-        // iteration: the noise-free lines and, under slices, where the policy's own clock falls
-        // in them (a rank that a slice freezes for the whole iteration has a share of almost
-        // nothing).
-        let sliced = slices.iter().any(Option::is_some);
-        let share_of_time = if sliced { Vec::new() } else { equalize(&lines, big_b, &bounds) };
+        let average = average_shares(&lines, &slices, big_b, &bounds);
         let cpu_share: Vec<f64> = if record.is_some() { share.clone() } else { Vec::new() };
         let known = Known { t, oracle: &oracle, lines: &lines, before: &before, base: &base, atoms: &atoms, sigma };
         for tr in &mut tracks {
             tr.choose(&known, &slices, &bounds);
-            let own;
-            let share_of_time = if sliced {
-                own = equalize_by(&timed(&lines, &slices, tr.clock), big_b, &bounds);
-                &own
-            } else {
-                &share_of_time
-            };
-            let slowest = tr.compute(&it, share_of_time);
+            let share_of_time = starvation_shares(&lines, &slices, &average, tr.clock, &bounds);
+            let slowest = tr.compute(&it, &share_of_time);
             let collective = collective_s(&slices, tr.clock + slowest, comm_s);
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + collective);
@@ -288,6 +278,35 @@ fn collective_s(slices: &[Option<Slices>], start: f64, comm_s: f64) -> f64 {
 /// Each rank's cost at a policy's clock.
 fn timed(lines: &[Line], slices: &[Option<Slices>], start: f64) -> Vec<Timed> {
     lines.iter().zip(slices).map(|(&line, &slices)| Timed { line, slices, start }).collect()
+}
+
+/// Every rank's equal-time share by its true, noise-free line, a rank under slices at its average
+/// speed (its share of what it sustains over its windows).
+fn average_shares(lines: &[Line], slices: &[Option<Slices>], total: usize, bounds: &[(usize, usize)]) -> Vec<usize> {
+    let average: Vec<Line> =
+        lines.iter().zip(slices).map(|(l, s)| s.map_or(*l, |s| l.scaled(s.average_stretch()))).collect();
+    equalize(&average, total, bounds)
+}
+
+/// The equal-time shares starvation is measured against ([`PolicyResult::longest_starved`]). Under
+/// slices a rank has two, and each alone counts an optimal plan of the other kind as starving: at
+/// the policy's own `clock`, where a rank a slice freezes for the whole iteration has almost
+/// nothing, a plan that spreads a long quota period's CPU over its iterations keeps the rank at
+/// its `average` share while its windows allow it more; at the average speed, the Bayes oracle's
+/// almost nothing to a rank about to freeze would starve it. So a rank's share is the least.
+fn starvation_shares(
+    lines: &[Line],
+    slices: &[Option<Slices>],
+    average: &[usize],
+    clock: f64,
+    bounds: &[(usize, usize)],
+) -> Vec<usize> {
+    if slices.iter().all(Option::is_none) {
+        return average.to_vec();
+    }
+    let total = average.iter().sum();
+    let now = equalize_by(&timed(lines, slices, clock), total, bounds);
+    now.iter().zip(average).map(|(&a, &b)| a.min(b)).collect()
 }
 
 /// What the Bayes oracle knows of the next iteration.
@@ -564,7 +583,9 @@ impl Track {
             self.freezes[i] = it.slices[i].map_or(0.0, |s| s.freezes(self.clock, self.compute[i]));
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
             slowest = slowest.max(self.compute[i]);
-            let starved = (self.sizes[i] as f64) < 0.5 * share as f64;
+            // In time: where a fixed cost dominates, a share of a few samples moves the rank's time
+            // by microseconds, and half of it in samples is no shortfall of work.
+            let starved = it.lines[i].at(self.sizes[i]) < 0.5 * it.lines[i].at(share);
             self.starved_run[i] = if starved { self.starved_run[i] + 1 } else { 0 };
             self.longest_starved = self.longest_starved.max(self.starved_run[i]);
         }
