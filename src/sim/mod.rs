@@ -239,7 +239,7 @@ pub fn simulate(
             tr.reversals.record(&tr.sizes);
             tr.times.push(slowest + collective);
             let took = slowest + collective;
-            let whole = run_shares(&slices, tr.clock, took);
+            let whole = run_shares(&slices, &share, tr.clock, took);
             tr.clock += took;
             let seen = tr.reported(&cluster.measured);
             tr.observe(&mut obs, &share, &seen, transfer, (t + 1) % scenario.epoch_iters == 0);
@@ -260,10 +260,12 @@ pub fn simulate(
     Ok(summarise(scenario, n, big_b, comm_s, &tracks, &changed))
 }
 
-/// Each rank's CPU share over an iteration of `took` seconds from clock `start`: of its windows
-/// under slices, else 0 (no measure).
-fn run_shares(slices: &[Option<Slices>], start: f64, took: f64) -> Vec<f64> {
-    slices.iter().map(|s| s.map_or(0.0, |s| s.cpu_within(start, took) / took)).collect()
+/// Each rank's CPU share over an iteration of `took` seconds from clock `start`: under slices, its
+/// windows' share times what its other processes leave it (`share`, as a process's CPU over wall
+/// seconds counts both), else 0 (no measure).
+fn run_shares(slices: &[Option<Slices>], share: &[f64], start: f64, took: f64) -> Vec<f64> {
+    let each = slices.iter().zip(share);
+    each.map(|(s, &share)| s.map_or(0.0, |s| share * s.cpu_within(start, took) / took)).collect()
 }
 
 /// The allreduce's wall seconds from clock `start`: `comm_s`, or longer where a rank under slices
@@ -827,6 +829,29 @@ bytes = 0.0
         assert!((s.wall(0.0005, 0.0015) - 0.0025).abs() < 1e-12, "{}", s.wall(0.0005, 0.0015));
         assert!((s.cpu_within(0.0005, 0.0025) - 0.0015).abs() < 1e-12);
         assert!(s.running(0.0005) && !s.running(0.0015));
+    }
+
+    /// A rank's share of the whole iteration is what a process's CPU over wall seconds counts:
+    /// its windows' share times what its other processes leave it. Its windows' share alone made a
+    /// rank both frozen in windows and slowed alike look only as slow as its windows.
+    #[test]
+    fn a_rank_in_windows_and_slowed_alike_reports_both_in_its_share() {
+        let s = two_ranks(
+            "[[interference]]\nkind = \"quota\"\nranks = [1]\nquota_s = 0.001\nperiod_s = 0.002\n\
+             [[interference]]\nkind = \"steady\"\nranks = [1]\nfactor = 2.0\n",
+        );
+        let mut shares = Vec::new();
+        let mut keep = |p: SimPolicy, rec: IterRecord| {
+            if p == SimPolicy::Bsp && rec.iter > 0 {
+                shares.push((rec.run_share[0], rec.run_share[1]));
+            }
+        };
+        simulate(&s, 2, &BalanceConfig::default(), Some(&mut keep)).unwrap();
+        assert!(!shares.is_empty());
+        for (r0, r1) in shares {
+            // Rank 0 has no windows (no measure); rank 1 runs half the wall clock at half its speed.
+            assert!(r0 == 0.0 && (r1 - 0.25).abs() < 0.01, "{r0} {r1}");
+        }
     }
 
     /// A bursty hog's windows against a brute-force walk of the wall clock in 10 µs steps: the CPU
