@@ -306,9 +306,15 @@ fn starvation_shares(
     if slices.iter().all(Option::is_none) {
         return average.to_vec();
     }
-    let total = average.iter().sum();
-    let now = equalize_by(&timed(lines, slices, clock), total, bounds);
+    let now = equalize_by(&timed(lines, slices, clock), average.iter().sum(), bounds);
     now.iter().zip(average).map(|(&a, &b)| a.min(b)).collect()
+}
+
+/// Whether a rank of true line `line` is starved at `size` against its equal-time `share`: in time,
+/// since where a fixed cost dominates, a share of a few samples moves the rank's time by
+/// microseconds, and half of it in samples is no shortfall of work.
+fn starved(line: &Line, size: usize, share: usize) -> bool {
+    line.at(size) < 0.5 * line.at(share)
 }
 
 /// What the Bayes oracle knows of the next iteration.
@@ -585,9 +591,7 @@ impl Track {
             self.freezes[i] = it.slices[i].map_or(0.0, |s| s.freezes(self.clock, self.compute[i]));
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
             slowest = slowest.max(self.compute[i]);
-            // In time: where a fixed cost dominates, a share of a few samples moves the rank's time
-            // by microseconds, and half of it in samples is no shortfall of work.
-            let starved = it.lines[i].at(self.sizes[i]) < 0.5 * it.lines[i].at(share);
+            let starved = starved(&it.lines[i], self.sizes[i], share);
             self.starved_run[i] = if starved { self.starved_run[i] + 1 } else { 0 };
             self.longest_starved = self.longest_starved.max(self.starved_run[i]);
         }
@@ -852,6 +856,30 @@ bytes = 0.0
             // Rank 0 has no windows (no measure); rank 1 runs half the wall clock at half its speed.
             assert!(r0 == 0.0 && (r1 - 0.25).abs() < 0.01, "{r0} {r1}");
         }
+    }
+
+    /// Starvation is in time, and under slices against the lesser of a rank's two shares.
+    #[test]
+    fn starvation_is_a_shortfall_of_work_against_both_shares() {
+        // A fixed cost of 1 ms: 1 sample against a share of 3 is 9 µs short, no starvation; with
+        // no fixed cost the same split is.
+        let fixed = Line { alpha: 1e-3, beta: 4.7e-6 };
+        assert!(!starved(&fixed, 1, 3) && starved(&Line { alpha: 0.0, ..fixed }, 1, 3));
+        assert!(starved(&fixed, 1, 1000) && !starved(&fixed, 600, 1000));
+        // Rank 1 runs 1 ms of every 2 ms: its average speed is half. At the start of its running
+        // window its share at the clock is more than that; where it is frozen, less.
+        let line = Line { alpha: 0.0, beta: 1e-6 };
+        let slices = [None, Some(Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None })];
+        let bounds = [(1, 256), (1, 256)];
+        let average = average_shares(&[line; 2], &slices, 256, &bounds);
+        assert!(average[1].abs_diff(85) <= 1, "{average:?}");
+        let running = equalize_by(&timed(&[line; 2], &slices, 0.0), 256, &bounds);
+        let frozen = equalize_by(&timed(&[line; 2], &slices, 0.0015), 256, &bounds);
+        assert!(running[1] > average[1] && frozen[1] < average[1], "{running:?} {frozen:?}");
+        let least = |clock| starvation_shares(&[line; 2], &slices, &average, clock, &bounds)[1];
+        assert_eq!((least(0.0), least(0.0015)), (average[1], frozen[1]));
+        // With no slices, the share is the lines'.
+        assert_eq!(starvation_shares(&[line; 2], &[None, None], &[100, 156], 0.0, &bounds), vec![100, 156]);
     }
 
     /// A bursty hog's windows against a brute-force walk of the wall clock in 10 µs steps: the CPU
