@@ -26,6 +26,7 @@ use crate::train::metrics::IterRecord;
 pub use reversals::Reversals;
 use scenario::Slices;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// A policy of the simulator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -296,18 +297,18 @@ fn average_shares(lines: &[Line], slices: &[Option<Slices>], total: usize, bound
 /// nothing, a plan that spreads a long quota period's CPU over its iterations keeps the rank at
 /// its `average` share while its windows allow it more; at the average speed, the Bayes oracle's
 /// almost nothing to a rank about to freeze would starve it. So a rank's share is the least.
-fn starvation_shares(
+fn starvation_shares<'a>(
     lines: &[Line],
     slices: &[Option<Slices>],
-    average: &[usize],
+    average: &'a [usize],
     clock: f64,
     bounds: &[(usize, usize)],
-) -> Vec<usize> {
+) -> Cow<'a, [usize]> {
     if slices.iter().all(Option::is_none) {
-        return average.to_vec();
+        return Cow::Borrowed(average);
     }
     let now = equalize_by(&timed(lines, slices, clock), average.iter().sum(), bounds);
-    now.iter().zip(average).map(|(&a, &b)| a.min(b)).collect()
+    Cow::Owned(now.iter().zip(average).map(|(&a, &b)| a.min(b)).collect())
 }
 
 /// Whether a rank of true line `line` is starved at `size` against its equal-time `share`: in time,
@@ -879,7 +880,7 @@ bytes = 0.0
         let least = |clock| starvation_shares(&[line; 2], &slices, &average, clock, &bounds)[1];
         assert_eq!((least(0.0), least(0.0015)), (average[1], frozen[1]));
         // With no slices, the share is the lines'.
-        assert_eq!(starvation_shares(&[line; 2], &[None, None], &[100, 156], 0.0, &bounds), vec![100, 156]);
+        assert_eq!(*starvation_shares(&[line; 2], &[None, None], &[100, 156], 0.0, &bounds), [100, 156]);
     }
 
     /// A bursty hog's windows against a brute-force walk of the wall clock in 10 µs steps: the CPU
