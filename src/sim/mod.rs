@@ -588,10 +588,14 @@ impl Track {
         let mut slowest = 0.0f64;
         for (i, &share) in equal_time.iter().enumerate() {
             let cpu = it.lines[i].at(self.sizes[i]) * it.noise[i];
-            self.compute[i] = it.slices[i].map_or(cpu, |s| s.wall(self.clock, cpu));
-            self.freezes[i] = it.slices[i].map_or(0.0, |s| s.freezes(self.clock, self.compute[i]));
+            // A rank frozen when the collective returns starts its compute when it next runs: a
+            // frozen process cannot read its clock, so the wait is its collective's, and its
+            // compute, the freezes counted in it, and its stretch begin after it.
+            let wait = it.slices[i].map_or(0.0, |s| s.until_running(self.clock));
+            self.compute[i] = it.slices[i].map_or(cpu, |s| s.wall(self.clock + wait, cpu));
+            self.freezes[i] = it.slices[i].map_or(0.0, |s| s.freezes(self.clock + wait, self.compute[i]));
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
-            slowest = slowest.max(self.compute[i]);
+            slowest = slowest.max(wait + self.compute[i]);
             let starved = starved(&it.lines[i], self.sizes[i], share);
             self.starved_run[i] = if starved { self.starved_run[i] + 1 } else { 0 };
             self.longest_starved = self.longest_starved.max(self.starved_run[i]);
@@ -834,6 +838,25 @@ bytes = 0.0
         assert!((s.wall(0.0005, 0.0015) - 0.0025).abs() < 1e-12, "{}", s.wall(0.0005, 0.0015));
         assert!((s.cpu_within(0.0005, 0.0025) - 0.0015).abs() < 1e-12);
         assert!(s.running(0.0005) && !s.running(0.0015));
+    }
+
+    /// A rank frozen when its collective returns computes from its next window: the trainer's
+    /// clock starts when the process runs, so it reports no freeze and its CPU time, while the
+    /// iteration lasts the wait as well. Counting the wait in the compute made a rank that a
+    /// collective left frozen look slowed in proportion to its work, and it learned the tail of a
+    /// freeze as a window's length.
+    #[test]
+    fn a_rank_frozen_at_the_start_computes_from_its_next_window() {
+        let cfg = BalanceConfig::default();
+        let mut tr = Track::new(SimPolicy::Bsp, &cfg, 128, 2, 1).unwrap();
+        let lines = [Line { alpha: 0.0, beta: 1e-5 }; 2];
+        let slices = [None, Some(Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None })];
+        // At 1.5 ms rank 1 is frozen until 2 ms; its 0.64 ms of CPU then runs in one window.
+        tr.clock = 0.0015;
+        let it = Iteration { lines: &lines, noise: &[1.0; 2], slices: &slices };
+        let slowest = tr.compute(&it, &[64, 64]);
+        assert!((tr.compute[1] - 0.00064).abs() < 1e-12 && tr.freezes[1] == 0.0, "{:?} {:?}", tr.compute, tr.freezes);
+        assert!((slowest - 0.00114).abs() < 1e-9 && (tr.stretch[1] - 1.0).abs() < 1e-9, "{slowest}");
     }
 
     /// A rank's share of the whole iteration is what a process's CPU over wall seconds counts:

@@ -392,6 +392,16 @@ impl Slices {
         }
     }
 
+    /// Wall seconds from clock `x` until the rank may run (0 while it may).
+    pub fn until_running(&self, x: f64) -> f64 {
+        if self.running(x) {
+            return 0.0;
+        }
+        // The wall time of a CPU slice far shorter than any window, less that slice.
+        let slice = 1e-9 * self.run_s;
+        self.wall(x, slice) - slice
+    }
+
     /// Whether the rank may run at wall clock `x`.
     pub fn running(&self, x: f64) -> bool {
         let mut y = x + self.phase_s;
