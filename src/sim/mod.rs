@@ -591,9 +591,15 @@ impl Track {
             // A rank frozen when the collective returns starts its compute when it next runs: a
             // frozen process cannot read its clock, so the wait is its collective's, and its
             // compute, the freezes counted in it, and its stretch begin after it.
-            let wait = it.slices[i].map_or(0.0, |s| s.until_running(self.clock));
-            self.compute[i] = it.slices[i].map_or(cpu, |s| s.wall(self.clock + wait, cpu));
-            self.freezes[i] = it.slices[i].map_or(0.0, |s| s.freezes(self.clock + wait, self.compute[i]));
+            let (wait, compute, freezes) = match it.slices[i] {
+                Some(s) => {
+                    let wait = s.until_running(self.clock);
+                    let compute = s.wall(self.clock + wait, cpu);
+                    (wait, compute, s.freezes(self.clock + wait, compute))
+                }
+                None => (0.0, cpu, 0.0),
+            };
+            (self.compute[i], self.freezes[i]) = (compute, freezes);
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
             slowest = slowest.max(wait + self.compute[i]);
             let starved = starved(&it.lines[i], self.sizes[i], share);
