@@ -21,9 +21,8 @@ fn main() -> anyhow::Result<()> {
                     .get(k)
                     .copied()
                     .unwrap_or_else(|| off_cpu_s(r.compute_s[k], r.cpu_share.get(k).copied().unwrap_or(1.0))),
+                run_share: r.run_share.get(k).copied().unwrap_or(0.0),
                 run_s: lbbsp::train::metrics::seconds_before(&recs, i),
-                run_frozen_s: r.run_frozen_s.get(k).copied().unwrap_or(0.0),
-                run_preemptions: r.run_preemptions.get(k).copied().unwrap_or(0.0),
                 // A record's transfers are its own collective's; the trainer's balancer is told
                 // them one iteration late, with the next iteration's observations.
                 transfer_s: i.checked_sub(1).and_then(|j| recs[j].comm_s.get(k)).copied().unwrap_or(0.0),

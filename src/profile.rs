@@ -161,8 +161,6 @@ pub struct CpuSampler {
     wall: Instant,
     own: f64,
     preempted: f64,
-    /// Preemptions at the last [`CpuSampler::mark`].
-    marked: f64,
     waits: RunWaits,
     /// Busy time of the cores, own CPU time and wall clock at the last read of `/proc/stat`.
     busy: f64,
@@ -216,7 +214,6 @@ impl CpuSampler {
             wall: now,
             own: 0.0,
             preempted: process_preemptions(),
-            marked: 0.0,
             waits: RunWaits { off: !waits, ..RunWaits::default() },
             busy: 0.0,
             own_at_read: 0.0,
@@ -249,14 +246,6 @@ impl CpuSampler {
     pub fn mark(&mut self) {
         self.waits.mark();
         (self.own, self.wall, self.preempted) = (process_cpu_s(), Instant::now(), process_preemptions());
-        self.marked = self.preempted;
-    }
-
-    /// The threads' waits and the process's preemptions since [`CpuSampler::mark`], without
-    /// starting a new sample: read after the collective, a whole iteration's, where its freezes
-    /// fall whole (it starts and ends running). `(0, 0)` without a measure of the waits.
-    pub fn since_mark(&self) -> (f64, f64) {
-        self.waits.since_mark().map_or((0.0, 0.0), |f| (f, process_preemptions() - self.marked))
     }
 
     /// The sample since the previous call (or creation, or [`CpuSampler::mark`]), and starts a new one.

@@ -54,7 +54,11 @@ pub struct Observation {
     /// Seconds of its compute the rank was runnable but not running (another job's turn, a CPU
     /// quota's throttle; not a sleep): over `preemptions`, the length of one freeze.
     pub frozen_s: f64,
-    /// Seconds of its previous iteration, compute and collective (0 when it has no measure).
+    /// The share of wall time the rank ran in its previous iteration, compute and collective (0
+    /// when it has no measure).
+    pub run_share: f64,
+    /// Seconds of that previous iteration, over which `run_share` was measured (0 when it has no
+    /// measure): the shares are averaged over wall time.
     pub run_s: f64,
     /// Seconds of its previous collective spent moving data rather than waiting for slower ranks
     /// (0 when it has no measure).
@@ -62,11 +66,6 @@ pub struct Observation {
     /// Seconds the rank's previous balancing step took, its decision included (0 when it has no
     /// measure): what a decision costs, which decides how often one is worth taking.
     pub balance_s: f64,
-    /// Seconds of that previous iteration the rank was runnable but not running, and the times it
-    /// was descheduled in it (0 when it has no measure): over a whole iteration, which starts and
-    /// ends with the rank running, its freezes fall whole, wherever they fall.
-    pub run_frozen_s: f64,
-    pub run_preemptions: f64,
 }
 
 impl Observation {
@@ -835,11 +834,10 @@ mod tests {
                         cpu_share: 1.0 / f,
                         preemptions: 0.0,
                         frozen_s: 0.0,
+                        run_share: 0.0,
                         run_s: 0.0,
                         transfer_s: 0.0,
                         balance_s: 0.0,
-                        run_frozen_s: 0.0,
-                        run_preemptions: 0.0,
                     }
                 })
                 .collect();
@@ -904,7 +902,7 @@ mod tests {
     fn under_quota(run: f64, period: f64, global: usize, iterations: usize) -> Vec<usize> {
         let mut bal = lbbsp(global, 2);
         let running = |x: f64| x % period < run;
-        let (mut clock, mut sizes, mut last, mut frozen) = (0.0f64, Vec::new(), 0.0, (0.0, 0.0));
+        let (mut clock, mut sizes, mut whole, mut last) = (0.0f64, Vec::new(), 0.0, 0.0);
         let tick = 1e-5;
         for _ in 0..iterations {
             let [b0, b1] = [bal.sizes()[0], bal.sizes()[1]];
@@ -932,21 +930,15 @@ mod tests {
                     cpu_share: cpu(b1) / wall1,
                     preemptions: freezes,
                     frozen_s: wall1 - cpu(b1),
+                    run_share: whole,
                     run_s: last,
                     transfer_s: 0.0,
                     balance_s: 0.0,
-                    run_frozen_s: frozen.0,
-                    run_preemptions: frozen.1,
                 },
             ];
-            // Its frozen seconds over this iteration and the freezes that begin in it, which the
-            // next one reports.
+            // The share over this iteration, which the next one reports.
             let steps = ((end - clock) / tick) as usize;
-            let on: Vec<bool> = (0..steps).map(|k| running(clock + k as f64 * tick)).collect();
-            frozen = (
-                on.iter().filter(|&&r| !r).count() as f64 * tick,
-                on.windows(2).filter(|w| w[0] && !w[1]).count() as f64,
-            );
+            whole = (0..steps).filter(|k| running(clock + *k as f64 * tick)).count() as f64 / steps as f64;
             (clock, last) = (end, end - clock);
             bal.observe(&obs);
             sizes.push(bal.sizes()[1]);
@@ -985,12 +977,10 @@ mod tests {
                         cpu_share: cpu / (cpu + frozen),
                         preemptions: f64::from(u8::from(frozen > 0.0)),
                         frozen_s: frozen,
-                        run_s: 8e-3,
+                        run_share: 0.02,
+                        run_s: 6e-3,
                         transfer_s: 6e-3,
                         balance_s: 5e-6,
-                        // Yielding, the rank is not runnable: its only freezes are the compute's.
-                        run_frozen_s: frozen,
-                        run_preemptions: f64::from(u8::from(frozen > 0.0)),
                     }
                 })
                 .collect();

@@ -147,26 +147,27 @@ impl Shape {
 const FREEZE_FORGETTING: f64 = 0.95;
 const RUN_FORGETTING: f64 = 0.99;
 
-/// How a rank is frozen, from its frozen seconds `f` and its preemptions `N` over whole iterations,
-/// compute and collective: the length `L` of one freeze (`f/N`, averaged over frozen seconds) and
-/// the share `a` of wall time it runs (`1 − f` over the seconds). A rank that busy-polls in the
-/// collective is frozen on the wall clock whatever its batch: in windows of `L` every
-/// `L·a/(1 − a)` of running. No preemptions counted (no measure, or a slowdown that is not a
-/// freeze): `L = 0`, and the model is the multiplicative one.
-///
-/// Over whole iterations, because an iteration starts and ends with the rank running, so its
-/// freezes fall in it whole, wherever they fall. The compute alone meets a window only where the
-/// window's edge falls in it: where iterations are short against the windows, the freezes fall in
-/// the collective, and the compute's share read 1 for a rank frozen half the time (a hog's turns
-/// or a 100 ms quota period at 2 ms iterations). Its time off the CPU counts only where the rank was
-/// runnable: a sleep, or a collective that yields the CPU while it waits (Open MPI on
-/// oversubscribed cores), is not a freeze.
+/// How a rank is frozen, from its frozen seconds `f` (at most `t·(1 − share)`) and its preemptions `N`: the
+/// length `L` of one freeze (`f/N`, averaged over frozen seconds) and the share `a` of wall time it
+/// runs. A rank that busy-polls in the collective is frozen on the wall clock whatever its batch:
+/// in windows of `L` every `L·a/(1 − a)` of running. No preemptions counted (no measure, or a
+/// slowdown that is not a freeze): `L = 0`, and the model is the multiplicative one.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Freezes {
-    /// Forgotten sums of `f²/N` and `f` (about twenty iterations), and of `f` and the seconds
-    /// (about a hundred: several periods of a quota).
+    /// Forgotten sums of `f²/N` and `f`.
+    frozen: [f64; 2],
+    /// Forgotten sums of the running share's terms and weights: the share over whole iterations
+    /// where measured, else CPU over wall seconds of the compute. A rank that busy-polls is frozen
+    /// in its wait as in its compute, so only the whole iteration tells its share: over the compute
+    /// alone, a rank whose small batch meets its freeze every time would look ever slower.
+    run: [f64; 2],
+    /// Forgotten sums of the compute's CPU seconds and its wall seconds: its own running share.
+    /// Both shares are at most the windows' share: over the compute, a small batch that meets its
+    /// freeze every time runs less; over the whole iteration, a collective that yields the CPU
+    /// while it waits (Open MPI on oversubscribed cores) runs less, in the yields and not in the
+    /// windows. The windows' share is their greater.
     #[serde(default)]
-    whole: [f64; 4],
+    compute: [f64; 2],
     /// Forgotten sums of the squared deviation of an iteration's frozen seconds per CPU second from
     /// their long-run expectation `1/a − 1`, and of the weights.
     #[serde(default)]
@@ -175,22 +176,26 @@ pub struct Freezes {
 
 impl Freezes {
     /// Learns an iteration: its `compute_s` wall seconds at its CPU share, frozen for `frozen_s` of
-    /// them, and the whole iteration before, which lasted `run_s` seconds, frozen for
-    /// `run_frozen_s` of them in `run_preemptions` freezes. Returns the iteration's time to learn
+    /// them in `preemptions` freezes, and its share `run_share` over the whole iteration before (0
+    /// without a measure), which lasted `run_s` seconds: shares are averaged over wall time, as a
+    /// quota counts them (a busy-polling rank runs whole short iterations and then waits out one
+    /// long freeze; the iterations' mean share made its windows ten times rarer than they are).
+    /// Only frozen seconds make windows: time the rank slept (a stall that scales with its work)
+    /// is left to the rank's speed. Returns the iteration's time to learn
     /// (`smoothed`, below), shrunk by the spread of the iterations before it: counted in its
     /// own shrinkage, a rank's first freeze would tell by its very size that the rate moves.
     pub fn observe(&mut self, o: &super::Observation) -> f64 {
-        let (t, share, s) = (o.compute_s, o.cpu_share, o.run_s);
+        // `w`: the share over the whole iteration before, which lasted `s` seconds.
+        let (t, share, n, (w, s)) = (o.compute_s, o.cpu_share, o.preemptions, (o.run_share, o.run_s));
         if !(t > 0.0 && t.is_finite() && share.is_finite()) {
             return t;
         }
-        let (fw, n) = (o.run_frozen_s.clamp(0.0, s.max(0.0)), o.run_preemptions);
-        if s > 0.0 && (s + fw + n).is_finite() {
-            let (f2, f1) = if n >= 1.0 && fw > 0.0 { (fw * fw / n, fw) } else { (0.0, 0.0) };
-            let ([a, b, x, y], [ff, rf]) = (self.whole, [FREEZE_FORGETTING, RUN_FORGETTING]);
-            self.whole = [ff * a + f2, ff * b + f1, rf * x + fw, rf * y + s];
-        }
         let (c, f) = cpu_and_frozen(o);
+        let (term, weight) = if w > 0.0 && s > 0.0 && (w * s).is_finite() { (w.min(1.0) * s, s) } else { (c, t) };
+        self.run = [RUN_FORGETTING * self.run[0] + term, RUN_FORGETTING * self.run[1] + weight];
+        self.compute = [RUN_FORGETTING * self.compute[0] + c, RUN_FORGETTING * self.compute[1] + t];
+        let (f2, f1) = if n >= 1.0 && f > 0.0 { (f * f / n, f) } else { (0.0, 0.0) };
+        self.frozen = [FREEZE_FORGETTING * self.frozen[0] + f2, FREEZE_FORGETTING * self.frozen[1] + f1];
         let (learned, d) = (self.smoothed(o), f / c - (1.0 / self.windows().1 - 1.0));
         self.spread = [RUN_FORGETTING * self.spread[0] + d * d, RUN_FORGETTING * self.spread[1] + 1.0];
         learned
@@ -198,12 +203,9 @@ impl Freezes {
 
     /// `(L, a)`: one freeze's length (0 before any) and the running share.
     pub fn windows(&self) -> (f64, f64) {
-        let [f2, f1, f, s] = self.whole;
-        if f1 > 0.0 && s > 0.0 {
-            (f2 / f1, (1.0 - f / s).clamp(1e-3, 1.0))
-        } else {
-            (0.0, 1.0)
-        }
+        let length = if self.frozen[1] > 0.0 { self.frozen[0] / self.frozen[1] } else { 0.0 };
+        let share = |[x, w]: [f64; 2]| if w > 0.0 { x / w } else { 0.0 };
+        (length, if self.run[1] > 0.0 { share(self.run).max(share(self.compute)).clamp(1e-3, 1.0) } else { 1.0 })
     }
 
     /// The time to learn of an iteration: its frozen seconds `f` shrunk towards their long-run
@@ -220,11 +222,8 @@ impl Freezes {
     /// what `observe` returns the learned time to avoid.
     fn smoothed(&self, o: &super::Observation) -> f64 {
         let t = o.compute_s;
-        let (c, f) = cpu_and_frozen(o);
-        // The whole iterations' freezes are told one iteration late: a freeze this compute met
-        // weighs by its own length.
         let (length, a) = self.windows();
-        let length = if o.preemptions >= 1.0 { length.max(f / o.preemptions) } else { length };
+        let (c, f) = cpu_and_frozen(o);
         if length <= 0.0 || !c.is_finite() || c <= 0.0 {
             return t;
         }
@@ -397,18 +396,14 @@ mod tests {
         // period's). Fine: 10 freezes of 1 ms in each 20 ms iteration (a 2 ms period's).
         let (mut coarse, mut fine) = (Freezes::default(), Freezes::default());
         let mut learned = Vec::new();
-        // The whole iteration is the compute's here: the collective takes no time.
         let frozen = |t: f64, share: f64, n: f64| super::super::Observation {
             cpu_share: share,
             preemptions: n,
             frozen_s: t * (1.0 - share),
-            run_s: t,
-            run_frozen_s: t * (1.0 - share),
-            run_preemptions: n,
             ..super::super::Observation::new(1, t)
         };
         let mut slept = Freezes::default();
-        let asleep = super::super::Observation { frozen_s: 1e-5, run_frozen_s: 1e-5, ..frozen(0.03, 1.0 / 3.0, 1.0) };
+        let asleep = super::super::Observation { frozen_s: 1e-5, ..frozen(0.03, 1.0 / 3.0, 1.0) };
         for k in 0..400 {
             let (t, share, n) = if k % 40 == 39 { (0.051, 0.001 / 0.051, 1.0) } else { (0.001, 1.0, 0.0) };
             coarse.observe(&frozen(t, share, n));
@@ -418,13 +413,13 @@ mod tests {
             slept.observe(&asleep);
         }
         assert!(slept.windows().0 < 2e-5 && (slept.smoothed(&asleep) - 0.03).abs() < 1e-6, "{:?}", slept.windows());
-        // A collective that yields the CPU while it waits runs 2% of the iteration, but is not
-        // runnable there: its only freezes are the compute's.
+        // A collective that yields the CPU while it waits runs 2% of the iteration, its compute
+        // all of its own: the windows' share is the compute's.
         let mut yielding = Freezes::default();
         for k in 0..400 {
             let (t, share) = if k % 7 == 3 { (125e-6, 0.8) } else { (100e-6, 1.0) };
             let o = frozen(t, share, f64::from(u8::from(k % 7 == 3)));
-            yielding.observe(&super::super::Observation { run_s: 0.01, ..o });
+            yielding.observe(&super::super::Observation { run_share: 0.02, run_s: 0.01, ..o });
         }
         assert!(yielding.windows().1 > 0.95, "{:?}", yielding.windows());
         let (length, a) = coarse.windows();
@@ -448,25 +443,26 @@ mod tests {
         assert!(worst < 0.05, "bursts learned {:.1}% away from their times", 100.0 * worst);
     }
 
-    /// A rank that busy-polls under a 50% quota of a 100 ms period runs 2 ms iterations until the
-    /// quota is spent, then waits 50 ms, in its collective: its compute never meets a freeze (its
-    /// share there read 1, and the rank looked unfrozen), while over whole iterations it runs half
-    /// the wall time in windows of 50 ms (not the iterations' mean share, 0.96, which made its
-    /// windows ten times rarer than they are).
+    /// A rank that busy-polls under a 50% quota of a 100 ms period runs its whole 2 ms iterations
+    /// until the quota is spent, then waits 50 ms in one: its share is that of the wall time, 0.5,
+    /// not the iterations' mean share (0.96, which made its windows ten times rarer than they are).
     #[test]
-    fn freezes_in_the_collective_make_the_windows() {
+    fn the_running_share_is_over_wall_time() {
         let mut f = Freezes::default();
-        // The whole iteration before rides on this one's observation.
-        let o = |(run_s, run_frozen_s, run_preemptions): (f64, f64, f64)| super::super::Observation {
+        // The share over the iteration before rides on this one's observation.
+        let o = |t: f64, share: f64, n: f64, (run_share, run_s): (f64, f64)| super::super::Observation {
+            cpu_share: share,
+            preemptions: n,
+            frozen_s: t * (1.0 - share),
+            run_share,
             run_s,
-            run_frozen_s,
-            run_preemptions,
-            ..super::super::Observation::new(64, 0.002)
+            ..super::super::Observation::new(64, t)
         };
-        let mut before = (0.0, 0.0, 0.0);
+        let mut before = (0.0, 0.0);
         for k in 0..2000 {
-            f.observe(&o(before));
-            before = if k % 26 == 25 { (0.052, 0.05, 1.0) } else { (0.002, 0.0, 0.0) };
+            let (t, share, n) = if k % 26 == 25 { (0.052, 0.002 / 0.052, 1.0) } else { (0.002, 1.0, 0.0) };
+            f.observe(&o(t, share, n, before));
+            before = (share, t);
         }
         let (length, a) = f.windows();
         // Forgotten over ~100 iterations, the share moves a little over the quota's cycle.
@@ -483,7 +479,7 @@ mod tests {
             cpu_share: 1e-3 / t,
             preemptions: n,
             frozen_s: t - 1e-3,
-            // The whole iteration before, unfrozen.
+            run_share: 0.999,
             run_s: 1e-3,
             ..super::super::Observation::new(64, t)
         };

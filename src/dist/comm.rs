@@ -18,13 +18,6 @@ pub trait Communicator {
     fn owns_process(&self) -> bool {
         true
     }
-    /// Whether a rank waiting in a collective gives its core away rather than polling on it. A
-    /// polling rank is runnable all through its wait, so the time another job or a CPU quota takes
-    /// from it there counts as frozen; a yielding one is runnable there too, but the core it gives
-    /// away is not taken from it.
-    fn waits_yield(&self) -> bool {
-        false
-    }
     /// What this rank is doing, for its flight record: a [`Watched`](crate::dist::watchdog::Watched)
     /// communicator keeps it and names it when a collective hangs; others ignore it.
     fn note(&self, _iter: usize, _phase: Phase) {}

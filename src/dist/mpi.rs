@@ -240,13 +240,6 @@ impl Communicator for Mpi {
     fn local_size(&self) -> usize {
         self.node.size() as usize
     }
-    /// Open MPI yields while it waits when `mpi_yield_when_idle` is set, and by default when a
-    /// node holds more ranks than cores.
-    fn waits_yield(&self) -> bool {
-        // SAFETY: sysconf reads a system constant.
-        let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        yields(std::env::var("OMPI_MCA_mpi_yield_when_idle").ok().as_deref(), self.local_size(), cores.max(1) as usize)
-    }
     fn barrier(&self) {
         self.world.barrier();
     }
@@ -304,24 +297,5 @@ impl Mpi {
         let mine = buf[blocks[rank].clone()].to_vec();
         let mut parts = ::mpi::datatype::PartitionMut::new(buf, counts, displs);
         self.world.all_gather_varcount_into(&mine[..], &mut parts);
-    }
-}
-
-/// Whether Open MPI's collectives yield, from `mpi_yield_when_idle` as set in the environment
-/// (`None` when unset), the ranks on this node and its online cores.
-fn yields(setting: Option<&str>, local: usize, cores: usize) -> bool {
-    match setting.map(|s| s.trim().to_ascii_lowercase()) {
-        Some(s) => matches!(s.as_str(), "1" | "true" | "yes" | "on" | "t" | "y"),
-        None => local > cores,
-    }
-}
-
-#[cfg(test)]
-mod yield_tests {
-    #[test]
-    fn a_collective_yields_where_set_or_where_ranks_outnumber_cores() {
-        assert!(super::yields(Some("1"), 2, 2) && super::yields(Some(" TRUE"), 1, 8));
-        assert!(!super::yields(Some("0"), 3, 2) && !super::yields(Some("false"), 3, 2));
-        assert!(super::yields(None, 3, 2) && !super::yields(None, 2, 2));
     }
 }

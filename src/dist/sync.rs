@@ -48,10 +48,6 @@ pub struct RankStats {
     pub prev_run_share: f64,
     /// The wall seconds of that previous iteration, over which `prev_run_share` was measured.
     pub prev_run_s: f64,
-    /// Seconds this process's threads waited to run over that previous iteration, and the times it
-    /// was descheduled then (0 without a measure).
-    pub prev_run_frozen_s: f64,
-    pub prev_run_preemptions: f64,
     /// Seconds this rank's balancer took over its previous step (0 before the first), riding on the
     /// next iteration alike.
     pub prev_balance_s: f64,
@@ -65,7 +61,7 @@ pub struct RankStats {
 }
 
 /// 64-bit words in a [`RankStats`].
-const WORDS: usize = 15;
+const WORDS: usize = 13;
 /// f32 slots a 64-bit word travels in: 22 + 21 + 21 bits.
 const SLOTS_PER_WORD: usize = 3;
 /// f32 slots of one rank's stats in the synchronised buffer.
@@ -83,11 +79,10 @@ impl RankStats {
             cpu_share: self.cpu_share / threads,
             preemptions: self.preemptions,
             frozen_s: self.frozen_s / threads,
+            run_share: self.prev_run_share / threads,
             run_s: self.prev_run_s,
             transfer_s: self.prev_sync.comm_s,
             balance_s: self.prev_balance_s,
-            run_frozen_s: self.prev_run_frozen_s / threads,
-            run_preemptions: self.prev_run_preemptions,
         }
     }
 
@@ -106,8 +101,6 @@ impl RankStats {
             self.prev_sync.comm_s.to_bits(),
             self.prev_run_s.to_bits(),
             self.stop as u32 as u64,
-            self.prev_run_frozen_s.to_bits(),
-            self.prev_run_preemptions.to_bits(),
         ]
     }
 
@@ -138,8 +131,6 @@ impl RankStats {
             prev_sync: SyncTime { wait_s: f64::from_bits(w[9]), comm_s: f64::from_bits(w[10]) },
             prev_run_s: f64::from_bits(w[11]),
             stop: w[12] as u32 as i32,
-            prev_run_frozen_s: f64::from_bits(w[13]),
-            prev_run_preemptions: f64::from_bits(w[14]),
         }
     }
 }
@@ -318,8 +309,6 @@ mod tests {
             frozen_s: 1e-4 * (rank as f64 + 0.5),
             prev_run_share: 0.5 / (rank as f64 + 1.0),
             prev_run_s: 3e-3 * (rank as f64 + 1.0),
-            prev_run_frozen_s: 7e-4 / (rank as f64 + 3.0),
-            prev_run_preemptions: 11.0 * rank as f64,
             prev_balance_s: 2e-5 * (rank as f64 + 0.25),
             prev_sync: SyncTime { wait_s: 1e-3 * rank as f64, comm_s: f64::MIN_POSITIVE },
             stop: if rank == 2 { libc::SIGTERM } else { 0 },

@@ -416,9 +416,6 @@ impl Communicator for Watched<'_> {
     fn owns_process(&self) -> bool {
         self.inner.owns_process()
     }
-    fn waits_yield(&self) -> bool {
-        self.inner.waits_yield()
-    }
     fn note(&self, iter: usize, phase: Phase) {
         self.record.word(ITER).store(iter as u64, Ordering::Relaxed);
         self.record.word(PHASE).store(phase as u64, Ordering::Relaxed);

@@ -58,7 +58,7 @@ pub struct Calibration {
     pub slowdowns: (PerRank, PerRank),
     /// Per rank, by iteration: its preemptions and its share over whole iterations (empty where the
     /// run did not record them).
-    pub freezes: [PerRank; 5],
+    pub freezes: [PerRank; 3],
 }
 
 /// The compute line of a run's uncontended rank-iterations (see the module docs), the number of
@@ -176,15 +176,13 @@ impl Calibration {
                 v.into_iter().map(|r| r.into_iter().map(|x| (x * 1e4).round() / 1e4).collect()).collect()
             };
             let (factors, shares) = self.slowdowns.clone();
-            let [preemptions, run_shares, run_seconds, run_frozen, run_preemptions] = self.freezes.clone();
+            let [preemptions, run_shares, run_seconds] = self.freezes.clone();
             Interference::Series {
                 factors: round(factors),
                 shares: round(shares),
                 preemptions,
                 run_shares: round(run_shares),
                 run_seconds,
-                run_frozen,
-                run_preemptions,
             }
         } else {
             Interference::Trace { path: self.path.clone() }

@@ -156,8 +156,6 @@ struct Track {
     /// share over the whole iteration before (0, no measure, but under one).
     freezes: Vec<f64>,
     run_share: Vec<f64>,
-    /// Each rank's frozen seconds and freezes begun over the whole iteration before.
-    run_frozen: Vec<(f64, f64)>,
     /// The seconds of the iteration those shares are over.
     run_s: f64,
     /// The wall clock at the start of the iteration: slice-granular processes act on it.
@@ -243,11 +241,10 @@ pub fn simulate(
             tr.times.push(slowest + collective);
             let took = slowest + collective;
             let whole = run_shares(&slices, &share, tr.clock, took);
-            let frozen = run_freezes(&slices, tr.clock, took);
             tr.clock += took;
             let seen = tr.reported(&cluster.measured);
             tr.observe(&mut obs, &share, &seen, transfer, (t + 1) % scenario.epoch_iters == 0);
-            (tr.run_share, tr.run_s, tr.run_frozen) = (whole, took, frozen);
+            (tr.run_share, tr.run_s) = (whole, took);
             if let Some(rec) = record.as_mut() {
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + collective;
@@ -256,8 +253,6 @@ pub fn simulate(
                 r.preemptions = seen.iter().map(|s| s[0]).collect();
                 r.frozen_s = tr.compute.iter().zip(&r.cpu_share).map(|(&c, &s)| off_cpu_s(c, s)).collect();
                 r.run_share = seen.iter().map(|s| s[1]).collect();
-                r.run_frozen_s = seen.iter().map(|s| s[3]).collect();
-                r.run_preemptions = seen.iter().map(|s| s[4]).collect();
                 rec(tr.policy, r);
             }
         }
@@ -272,14 +267,6 @@ pub fn simulate(
 fn run_shares(slices: &[Option<Slices>], share: &[f64], start: f64, took: f64) -> Vec<f64> {
     let each = slices.iter().zip(share);
     each.map(|(s, &share)| s.map_or(0.0, |s| share * s.cpu_within(start, took) / took)).collect()
-}
-
-/// Each rank's frozen seconds and the freezes that begin in an iteration of `took` seconds from
-/// clock `start` (none but under slices): a freeze the iteration starts in is the one before's, so
-/// over the iterations each freeze counts once and whole.
-fn run_freezes(slices: &[Option<Slices>], start: f64, took: f64) -> Vec<(f64, f64)> {
-    let frozen = |s: &Slices| ((took - s.cpu_within(start, took)).max(0.0), s.begun(start, took));
-    slices.iter().map(|s| s.as_ref().map_or((0.0, 0.0), frozen)).collect()
 }
 
 /// The allreduce's wall seconds from clock `start`: `comm_s`, or longer where a rank under slices
@@ -578,7 +565,6 @@ impl Track {
             stretch: vec![1.0; n],
             freezes: vec![0.0; n],
             run_share: vec![0.0; n],
-            run_frozen: vec![(0.0, 0.0); n],
             run_s: 0.0,
             clock: 0.0,
             idle: 0.0,
@@ -627,21 +613,17 @@ impl Track {
 
     /// What each rank reports of its freezes, its preemptions and its share over the iteration
     /// before: its slices', else a measured run's.
-    fn reported(&self, measured: &[[f64; 5]]) -> Vec<[f64; 5]> {
+    fn reported(&self, measured: &[[f64; 3]]) -> Vec<[f64; 3]> {
         let pick = |own: f64, run: f64| if own > 0.0 { own } else { run };
         // A measured share is over the measured iteration's seconds where recorded.
-        let seconds = |i: usize, m: &[f64; 5]| if self.run_share[i] > 0.0 || m[2] <= 0.0 { self.run_s } else { m[2] };
+        let seconds = |i: usize, m: &[f64; 3]| if self.run_share[i] > 0.0 || m[2] <= 0.0 { self.run_s } else { m[2] };
         let each = measured.iter().enumerate();
-        each.map(|(i, m)| {
-            let (f, n) = self.run_frozen[i];
-            [pick(self.freezes[i], m[0]), pick(self.run_share[i], m[1]), seconds(i, m), pick(f, m[3]), pick(n, m[4])]
-        })
-        .collect()
+        each.map(|(i, m)| [pick(self.freezes[i], m[0]), pick(self.run_share[i], m[1]), seconds(i, m)]).collect()
     }
 
     /// A balancing policy observes the iteration (and the end of an epoch): each rank's wall
     /// time, and the CPU share it had (what the processes left it, less the frozen time).
-    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 5]], transfer: f64, epoch_end: bool) {
+    fn observe(&mut self, obs: &mut [Observation], share: &[f64], seen: &[[f64; 3]], transfer: f64, epoch_end: bool) {
         if !self.split.learns() {
             return;
         }
@@ -653,12 +635,11 @@ impl Track {
                 preemptions: seen[i][0],
                 // Every second a simulated rank is off the CPU, a process took.
                 frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
+                run_share: seen[i][1],
                 run_s: seen[i][2],
                 transfer_s: transfer,
                 // A simulated decision takes no time.
                 balance_s: 0.0,
-                run_frozen_s: seen[i][3],
-                run_preemptions: seen[i][4],
             };
         }
         self.split.observe(obs);

@@ -245,12 +245,6 @@ pub enum Interference {
         run_shares: PerRank,
         #[serde(default)]
         run_seconds: PerRank,
-        /// Per rank, its frozen seconds and its preemptions over whole iterations, as recorded
-        /// (absent: none recorded).
-        #[serde(default)]
-        run_frozen: PerRank,
-        #[serde(default)]
-        run_preemptions: PerRank,
     },
     /// A CPU quota, as a container's limit makes one (the cgroup `cpu` controller): the rank runs
     /// at most `quota_s` of every `period_s` seconds of wall time and is frozen for the rest of the
@@ -380,12 +374,8 @@ impl Slices {
     /// How many times the rank is frozen in `wall` seconds from clock `start` (the trainer's
     /// preemption count): the off-windows that begin inside, and the one it starts in.
     pub fn freezes(&self, start: f64, wall: f64) -> f64 {
-        self.begun(start, wall) + f64::from(u8::from(!self.running(start)))
-    }
-
-    /// The off-windows that begin in `wall` seconds from clock `start`.
-    pub fn begun(&self, start: f64, wall: f64) -> f64 {
-        (self.off_starts(start + wall) - self.off_starts(start)).max(0.0)
+        let inside = (self.off_starts(start + wall) - self.off_starts(start)).max(0.0);
+        inside + f64::from(u8::from(!self.running(start)))
     }
 
     /// CPU seconds the rank may have within `wall` seconds from clock `start`.
@@ -482,7 +472,7 @@ pub struct Cluster {
     hidden: Vec<f64>,
     /// Each rank's preemptions, share over the whole iteration before and that iteration's
     /// seconds where a measured run recorded them (0, no measure, elsewhere).
-    pub measured: Vec<[f64; 5]>,
+    pub measured: Vec<[f64; 3]>,
     /// Each rank's slice-granular process, if any: it acts on wall-clock seconds, so the
     /// simulator applies it per policy, at that policy's own clock.
     pub slices: Vec<Option<Slices>>,
@@ -519,7 +509,7 @@ enum Process {
     Trace {
         factors: Vec<Vec<f64>>,
         shares: Vec<Vec<f64>>,
-        freezes: [PerRank; 5],
+        freezes: [PerRank; 3],
     },
 }
 
@@ -602,31 +592,18 @@ impl Interference {
                     Err("rate in [0, 1], mean_iters ≥ 1 and 1 ≤ factor_low ≤ factor_high".into())
                 }
             }
-            Interference::Series {
-                factors,
-                shares,
-                preemptions,
-                run_shares,
-                run_seconds,
-                run_frozen,
-                run_preemptions,
-            } => {
+            Interference::Series { factors, shares, preemptions, run_shares, run_seconds } => {
                 let ranks_ok = |v: &PerRank| v.iter().all(|r| !r.is_empty());
-                let counts = [preemptions, run_frozen, run_preemptions];
                 if factors.is_empty()
-                    || ![shares, preemptions, run_shares, run_seconds, run_frozen, run_preemptions, factors]
-                        .into_iter()
-                        .all(ranks_ok)
+                    || ![shares, preemptions, run_shares, run_seconds, factors].into_iter().all(ranks_ok)
                 {
                     Err("factors needs at least one rank, and every rank of factors, shares, preemptions, \
-                         run_shares, run_seconds, run_frozen and run_preemptions at least one iteration"
+                         run_shares and run_seconds at least one iteration"
                         .into())
                 } else if let Some(x) = run_seconds.iter().flatten().find(|x| !(**x >= 0.0 && x.is_finite())) {
                     Err(format!("run_seconds must be seconds of 0 or more (0: not measured), got {x}"))
-                } else if let Some(x) =
-                    counts.iter().flat_map(|c| c.iter().flatten()).find(|x| !(**x >= 0.0 && x.is_finite()))
-                {
-                    Err(format!("preemptions, run_frozen and run_preemptions must be 0 or more, got {x}"))
+                } else if let Some(x) = preemptions.iter().flatten().find(|x| !(**x >= 0.0 && x.is_finite())) {
+                    Err(format!("preemptions must be counts of 0 or more, got {x}"))
                 } else if let Some(x) = run_shares.iter().flatten().find(|x| !(**x >= 0.0 && **x <= 1.0)) {
                     Err(format!("run_shares must be CPU shares in [0, 1] (0: not measured), got {x}"))
                 } else if let Some(f) = factors.iter().flatten().find(|f| !(**f > 0.0 && f.is_finite())) {
@@ -665,7 +642,7 @@ pub(crate) type PerRank = Vec<Vec<f64>>;
 
 /// The slowdowns and CPU shares of a measured run's file ([`slowdowns`] against its own
 /// [`trace_line`](super::calibrate::trace_line)).
-fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 5])> {
+fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 3])> {
     let records: Vec<IterRecord> = crate::train::metrics::read_records(path)?;
     if records.first().is_none_or(|r| r.batch_sizes.is_empty()) {
         return Err(Error::data(path, "holds no iterations: record one with `lbbsp train --metrics FILE`"));
@@ -675,9 +652,8 @@ fn trace_factors(path: &Path) -> Result<(PerRank, PerRank, [PerRank; 5])> {
 }
 
 /// Per rank of a measured run, by iteration: its preemptions, its share over the whole iteration
-/// before, that iteration's seconds, and its frozen seconds and preemptions (each empty where the
-/// run did not record them).
-pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 5] {
+/// before, and that iteration's seconds (each empty where the run did not record them).
+pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 3] {
     let world = records.first().map_or(0, |r| r.batch_sizes.len());
     let column = |get: &dyn Fn(&IterRecord) -> &Vec<f64>, most: f64| -> PerRank {
         if records.iter().any(|r| get(r).len() != world) {
@@ -689,8 +665,7 @@ pub(crate) fn freezes(records: &[IterRecord]) -> [PerRank; 5] {
     let shares = column(&|r| &r.run_share, 1.0);
     let before = |t: usize| crate::train::metrics::seconds_before(records, t);
     let seconds = if shares.is_empty() { Vec::new() } else { vec![(0..records.len()).map(before).collect()] };
-    let (frozen, begun) = (column(&|r| &r.run_frozen_s, f64::MAX), column(&|r| &r.run_preemptions, f64::MAX));
-    [column(&|r| &r.preemptions, f64::MAX), shares, seconds, frozen, begun]
+    [column(&|r| &r.preemptions, f64::MAX), shares, seconds]
 }
 
 /// Per-rank slowdowns of a measured run, by iteration: each rank's compute time over `line` (the
@@ -758,24 +733,10 @@ impl Process {
                 let (factors, shares, freezes) = trace_factors(path)?;
                 Process::Trace { factors, shares, freezes }
             }
-            Interference::Series {
-                factors,
-                shares,
-                preemptions,
-                run_shares,
-                run_seconds,
-                run_frozen,
-                run_preemptions,
-            } => Process::Trace {
+            Interference::Series { factors, shares, preemptions, run_shares, run_seconds } => Process::Trace {
                 factors: factors.clone(),
                 shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
-                freezes: [
-                    preemptions.clone(),
-                    run_shares.clone(),
-                    run_seconds.clone(),
-                    run_frozen.clone(),
-                    run_preemptions.clone(),
-                ],
+                freezes: [preemptions.clone(), run_shares.clone(), run_seconds.clone()],
             },
             Interference::Quota { on, quota_s, period_s } => {
                 sliced(slices, on, (*quota_s, *period_s), None, (seed, k));
@@ -831,7 +792,7 @@ impl Cluster {
             visible,
             factor: vec![1.0; n],
             hidden: vec![1.0; n],
-            measured: vec![[0.0; 5]; n],
+            measured: vec![[0.0; 3]; n],
             slices,
         })
     }
@@ -840,7 +801,7 @@ impl Cluster {
     pub fn step(&mut self, t: usize) {
         self.factor.iter_mut().for_each(|f| *f = 1.0);
         self.hidden.iter_mut().for_each(|f| *f = 1.0);
-        self.measured.iter_mut().for_each(|m| *m = [0.0; 5]);
+        self.measured.iter_mut().for_each(|m| *m = [0.0; 3]);
         let n = self.factor.len();
         let (factors, hidden, measured) = (&mut self.factor, &mut self.hidden, &mut self.measured);
         for (k, p) in self.processes.iter_mut().enumerate() {

@@ -49,12 +49,6 @@ pub struct IterRecord {
     /// older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub run_share: Vec<f64>,
-    /// Per rank: over that whole previous iteration, the seconds its threads waited to run and the
-    /// times it was descheduled (absent in older files).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub run_frozen_s: Vec<f64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub run_preemptions: Vec<f64>,
     /// Per rank: seconds its balancer's step of the previous iteration took (absent in older
     /// files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -322,8 +316,6 @@ impl IterRecord {
             preemptions: Vec::new(),
             frozen_s: Vec::new(),
             run_share: Vec::new(),
-            run_frozen_s: Vec::new(),
-            run_preemptions: Vec::new(),
             balance_s: Vec::new(),
             iter_s: slowest,
             samples_per_s: if slowest > 0.0 { global_batch as f64 / slowest } else { 0.0 },

@@ -118,8 +118,6 @@ pub struct Run<'a> {
     last_sync: SyncTime,
     /// This process's CPU share over its last iteration, compute and collective.
     last_run_share: f64,
-    /// The frozen seconds and preemptions of the last iteration, compute and collective.
-    last_run_frozen: (f64, f64),
     /// The wall seconds that share was measured over.
     last_run_s: f64,
     /// Seconds the balancer's last step took here.
@@ -180,7 +178,6 @@ impl<'a> Run<'a> {
             obs: Vec::with_capacity(world),
             last_sync: SyncTime::default(),
             last_run_share: 0.0,
-            last_run_frozen: (0.0, 0.0),
             last_run_s: 0.0,
             last_balance_s: 0.0,
             progress,
@@ -239,8 +236,6 @@ impl<'a> Run<'a> {
             // Thread ranks share one process's counters: no measure of their own.
             prev_run_share: if self.comm.owns_process() { self.last_run_share } else { 0.0 },
             prev_run_s: self.last_run_s,
-            prev_run_frozen_s: self.last_run_frozen.0,
-            prev_run_preemptions: self.last_run_frozen.1,
             prev_balance_s: self.last_balance_s,
             prev_sync: self.last_sync,
             stop: stop::received().map_or(0, StopSignal::number),
@@ -251,13 +246,6 @@ impl<'a> Run<'a> {
         self.last_sync = took;
         self.last_run_s = t0.elapsed().as_secs_f64();
         self.last_run_share = (crate::profile::process_cpu_s() - cpu0) / self.last_run_s.max(1e-9);
-        // A collective that yields stays runnable while the core it gave away runs another job:
-        // its waits are not freezes, and only the compute tells the rank's windows.
-        (self.last_run_frozen, self.last_run_s) = if self.comm.waits_yield() {
-            ((cpu.frozen_s, cpu.preemptions), compute_s)
-        } else {
-            (self.sampler.since_mark(), self.last_run_s)
-        };
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
         self.obs.clear();
@@ -338,8 +326,6 @@ impl<'a> Run<'a> {
             preemptions: stats.iter().map(|s| s.preemptions).collect(),
             frozen_s: stats.iter().map(|s| s.frozen_s).collect(),
             run_share: stats.iter().map(|s| s.prev_run_share).collect(),
-            run_frozen_s: stats.iter().map(|s| s.prev_run_frozen_s).collect(),
-            run_preemptions: stats.iter().map(|s| s.prev_run_preemptions).collect(),
             balance_s: stats.iter().map(|s| s.prev_balance_s).collect(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,

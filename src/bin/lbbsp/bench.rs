@@ -197,8 +197,6 @@ mod tests {
             preemptions: Vec::new(),
             frozen_s: Vec::new(),
             run_share: Vec::new(),
-            run_frozen_s: Vec::new(),
-            run_preemptions: Vec::new(),
             balance_s: Vec::new(),
             iter_s,
             samples_per_s: global_batch as f64 / iter_s,
