@@ -10,8 +10,12 @@ Each RUNS_DIR holds a bench's runs.tsv, summary.json and metrics files (one fold
 conditions). What the scenario takes from the runs, per condition:
 - the compute line of rank 0, which nothing slows: least squares of its compute seconds on its
   batch over every run's iterations past the warm-up (the lbbsp runs vary the size);
-- the noise: the relative deviation of rank 0's times about that line (the median absolute
-  deviation, scaled to a standard deviation, so that the host's hiccups do not count as noise);
+- the noise: the relative deviation of rank 0's times about that line within each run (about the
+  run's own median: a run that is slower throughout moves its pair's ratio, not the iterations'
+  noise), the median absolute deviation scaled to a standard deviation, so that the host's hiccups
+  do not count as noise; and its memory, the median over runs of the lag-1 autocorrelation of
+  those deviations (a shared host's slowness drifts: a drift the last iteration shows is one a
+  policy follows, where independent noise of the same size is not);
 - `comm.fixed_s`: the median of `iter_s − max_i compute_i` over the iterations in which no rank was
   frozen (no frozen seconds in its compute, and a share of the whole iteration of at least 0.99,
   which the next record's `run_share` carries): the simulator adds
@@ -63,14 +67,15 @@ def conditions(dirs):
 
 def measure(c):
     """Rank 0's line and noise, the fixed cost, the iterations and bsp's median iteration seconds."""
-    pts, fixed, unfrozen, bsp_iter, iters = [], [], [], [], 0
-    for policy, path in c["runs"]:
+    pts, fixed, unfrozen, bsp_iter, iters, run_of = [], [], [], [], 0, []
+    for run, (policy, path) in enumerate(c["runs"]):
         every = records(path)
         iters = max(iters, len(every))
         for k, r in enumerate(every[WARMUP:], WARMUP):
             if sum(r["batch_sizes"]) != r["global_batch"]:
                 continue
             pts.append((r["batch_sizes"][0], r["compute_s"][0]))
+            run_of.append(run)
             fixed.append(r["iter_s"] - max(r["compute_s"]))
             # The simulator freezes a rank in the collective itself (a quota's or a hog's windows):
             # the fixed cost is the collective's own, from iterations in which no rank was frozen,
@@ -90,10 +95,20 @@ def measure(c):
         # The sizes did not vary enough against the host's noise to tell a fixed cost: proportional.
         alpha, beta = 0.0, mt / mb
     rel = [t / (alpha + beta * b) - 1 for b, t in pts]
-    centre = st.median(rel)
-    noise = min(0.45, 1.4826 * st.median([abs(x - centre) for x in rel]))
+    within, memory = [], []
+    for run in sorted(set(run_of)):
+        x = [e for e, k in zip(rel, run_of) if k == run]
+        centre = st.median(x)
+        x = [e - centre for e in x]
+        within += x
+        mean = sum(x) / len(x)
+        var = sum((e - mean) ** 2 for e in x)
+        if len(x) > 2 and var > 0:
+            memory.append(sum((x[i] - mean) * (x[i + 1] - mean) for i in range(len(x) - 1)) / var)
+    noise = min(0.45, 1.4826 * st.median([abs(e) for e in within]))
+    memory = min(0.95, max(0.0, st.median(memory))) if memory else 0.0
     fixed = unfrozen if len(unfrozen) >= MIN_UNFROZEN else fixed
-    return {"alpha": alpha, "beta": beta, "noise": noise, "fixed": max(0.0, st.median(fixed)),
+    return {"alpha": alpha, "beta": beta, "noise": noise, "memory": memory, "fixed": max(0.0, st.median(fixed)),
             "iterations": iters, "bsp_iter": st.median(bsp_iter) if bsp_iter else None,
             "unfrozen": unfrozen}
 
@@ -125,6 +140,7 @@ epoch_iters = 1000000
 alpha_s = {m["alpha"]:.9f}
 beta_s = {m["beta"]:.12f}
 noise = {m["noise"]:.4f}
+noise_memory = {m["memory"]:.3f}
 [comm]
 latency_s = 0.0
 bytes = 0.0

@@ -195,7 +195,13 @@ impl Calibration {
             batch_per_rank: self.global_batch / self.world,
             epoch_iters: self.epoch_iters.max(1),
             seed: 0,
-            compute: Compute { alpha_s: self.line.alpha, beta_s: self.line.beta, noise: 0.0, speeds: Speeds::Equal },
+            compute: Compute {
+                alpha_s: self.line.alpha,
+                beta_s: self.line.beta,
+                noise: 0.0,
+                noise_memory: 0.0,
+                speeds: Speeds::Equal,
+            },
             comm: Comm {
                 latency_s: 0.0,
                 bytes: 0.0,

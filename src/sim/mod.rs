@@ -211,6 +211,8 @@ pub fn simulate(
     let mut before: Vec<Line> = Vec::new();
     let mut changed = Vec::with_capacity(scenario.iterations);
     let mut noise = vec![1.0; n];
+    let memory = scenario.compute.noise_memory;
+    let mut drift = vec![0.0f64; n];
     let mut obs = vec![Observation::new(0, 0.0); n];
     let mut share = vec![1.0; n];
     let mut atoms = vec![Vec::new(); n];
@@ -220,7 +222,8 @@ pub fn simulate(
         cluster.step(t);
         for (i, l) in lines.iter_mut().enumerate() {
             *l = base[i].scaled(cluster.factor[i]);
-            noise[i] = (1.0 + sigma * cluster.noise(i, t)).max(0.05);
+            drift[i] = if t == 0 { cluster.noise(i, t) } else { remembered(drift[i], cluster.noise(i, t), memory) };
+            noise[i] = (1.0 + sigma * drift[i]).max(0.05);
             share[i] = cluster.share(i);
         }
         changed.push(t > 0 && lines != before);
@@ -259,6 +262,13 @@ pub fn simulate(
         before.clone_from(&lines);
     }
     Ok(summarise(scenario, n, big_b, comm_s, &tracks, &changed))
+}
+
+/// The next draw of a noise of correlation `memory` from one iteration to the next (a first-order
+/// autoregression): `prev` the last draw, `z` a fresh standard normal; the draws stay standard
+/// normal, and with no memory the draw is `z` itself.
+fn remembered(prev: f64, z: f64, memory: f64) -> f64 {
+    memory * prev + (1.0 - memory * memory).sqrt() * z
 }
 
 /// Each rank's CPU share over an iteration of `took` seconds from clock `start`: under slices, its
@@ -730,6 +740,22 @@ bytes = 0.0
 {extra}"#
         );
         Scenario::parse(&text, Path::new("two.toml")).unwrap()
+    }
+
+    #[test]
+    fn remembered_noise_keeps_its_deviation_and_has_its_memory() {
+        let mut rng = crate::data::rng::Rng::from_keys(&[7]);
+        let z: Vec<f64> = (0..40_000).map(|_| rng.normal() as f64).collect();
+        assert_eq!(remembered(0.7, z[0], 0.0), z[0]);
+        for memory in [0.3, 0.65, 0.9] {
+            let mut x = vec![z[0]];
+            for &z in &z[1..] {
+                x.push(remembered(x[x.len() - 1], z, memory));
+            }
+            let var = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+            let lag = x.windows(2).map(|w| w[0] * w[1]).sum::<f64>() / (x.len() - 1) as f64 / var;
+            assert!((var.sqrt() - 1.0).abs() < 0.05 && (lag - memory).abs() < 0.03, "{memory}: {var} {lag}");
+        }
     }
 
     #[test]

@@ -56,6 +56,13 @@ pub struct Compute {
     /// Relative standard deviation σ of a compute time.
     #[serde(default)]
     pub noise: f64,
+    /// The noise's correlation from one iteration to the next, in `[0, 1)`: a shared host's
+    /// slowness drifts (its lag-1 autocorrelation was 0.6–0.7 on rank 0 of the real runs), and a
+    /// drift the last iteration shows is one a policy can follow, where independent noise of the
+    /// same size is not. Each rank's draw is `ε(t) = φ·ε(t−1) + √(1 − φ²)·z(t)`, so `noise` stays
+    /// its deviation. The Bayes oracle takes the noise as independent.
+    #[serde(default)]
+    pub noise_memory: f64,
     /// Static per-rank multipliers of β.
     #[serde(default)]
     pub speeds: Speeds,
@@ -546,6 +553,9 @@ impl Scenario {
         }
         if !(s.compute.alpha_s >= 0.0 && s.compute.noise >= 0.0 && s.compute.noise < 0.5) {
             return Err(err("`compute.alpha_s` must be ≥ 0 and `compute.noise` in [0, 0.5)".into()));
+        }
+        if !(0.0..1.0).contains(&s.compute.noise_memory) {
+            return Err(err(format!("`compute.noise_memory` must be in [0, 1), got {}", s.compute.noise_memory)));
         }
         if let Some(t) = s.comm.transfer_s.filter(|t| !(*t >= 0.0 && t.is_finite())) {
             return Err(err(format!("`comm.transfer_s` must be a finite number of seconds ≥ 0, got {t}")));
