@@ -95,9 +95,11 @@ def measure(c):
         # The sizes did not vary enough against the host's noise to tell a fixed cost: proportional.
         alpha, beta = 0.0, mt / mb
     rel = [t / (alpha + beta * b) - 1 for b, t in pts]
+    runs = {}
+    for e, run in zip(rel, run_of):
+        runs.setdefault(run, []).append(e)
     within, memory = [], []
-    for run in sorted(set(run_of)):
-        x = [e for e, k in zip(rel, run_of) if k == run]
+    for x in runs.values():
         centre = st.median(x)
         x = [e - centre for e in x]
         within += x

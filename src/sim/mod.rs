@@ -222,7 +222,8 @@ pub fn simulate(
         cluster.step(t);
         for (i, l) in lines.iter_mut().enumerate() {
             *l = base[i].scaled(cluster.factor[i]);
-            drift[i] = if t == 0 { cluster.noise(i, t) } else { remembered(drift[i], cluster.noise(i, t), memory) };
+            let z = cluster.noise(i, t);
+            drift[i] = if t == 0 { z } else { remembered(drift[i], z, memory) };
             noise[i] = (1.0 + sigma * drift[i]).max(0.05);
             share[i] = cluster.share(i);
         }

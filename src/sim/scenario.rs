@@ -57,9 +57,8 @@ pub struct Compute {
     #[serde(default)]
     pub noise: f64,
     /// The noise's correlation from one iteration to the next, in `[0, 1)`: a shared host's
-    /// slowness drifts (its lag-1 autocorrelation was 0.6–0.7 on rank 0 of the real runs), and a
-    /// drift the last iteration shows is one a policy can follow, where independent noise of the
-    /// same size is not. Each rank's draw is `ε(t) = φ·ε(t−1) + √(1 − φ²)·z(t)`, so `noise` stays
+    /// slowness drifts, and a drift the last iteration shows is one a policy can follow, where
+    /// independent noise of the same size is not. Each rank's draw is `ε(t) = φ·ε(t−1) + √(1 − φ²)·z(t)`, so `noise` stays
     /// its deviation. The Bayes oracle takes the noise as independent.
     #[serde(default)]
     pub noise_memory: f64,
