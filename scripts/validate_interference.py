@@ -141,7 +141,37 @@ def pool_fixed(conds, measured):
                   f"at B = {batch} of " + ", ".join(donors))
 
 
-def scenario(name, c, m, interference):
+def freeze_length(c):
+    """Rank 1's freeze in bsp's runs: its frozen seconds per preemption, weighted by frozen seconds
+    (None without a preemption counted)."""
+    frozen = [0.0, 0.0]
+    for policy, path in c["runs"]:
+        for r in records(path)[WARMUP:] if policy == "bsp" else []:
+            f = r["compute_s"][1] * (1.0 - min(1.0, r["cpu_share"][1]))
+            n = (r.get("preemptions") or [0.0, 0.0])[1]
+            if n >= 1 and f > 0:
+                frozen = [frozen[0] + f * f / n, frozen[1] + f]
+    return frozen[0] / frozen[1] if frozen[1] > 0 else None
+
+
+def freeze_cost(c):
+    """CPU seconds a freeze costs rank 1 on resuming, from the bsp runs (both ranks at the same size):
+    its mean CPU seconds of compute beyond rank 0's, per freeze met (None where it meets fewer than
+    one a compute on average: the ranks' difference is then noise, not refills)."""
+    cpu, freezes = [0.0, 0.0], []
+    for policy, path in c["runs"]:
+        # bsp's own runs, not a split held by replay.
+        equal = lambda r: r["batch_sizes"][0] == r["batch_sizes"][1]
+        for r in filter(equal, records(path)[WARMUP:]) if policy == "bsp" else []:
+            for i in (0, 1):
+                cpu[i] += r["compute_s"][i] * min(1.0, r["cpu_share"][i])
+            freezes.append((r.get("preemptions") or [0.0, 0.0])[1])
+    if not freezes or st.mean(freezes) < 1.0:
+        return None
+    return max(0.0, (cpu[1] - cpu[0]) / len(freezes) / st.mean(freezes))
+
+
+def scenario(name, c, m, interference, refill=0.0):
     return f"""name = "{name}"
 ranks = 2
 iterations = {m["iterations"]}
@@ -152,6 +182,7 @@ alpha_s = {m["alpha"]:.9f}
 beta_s = {m["beta"]:.12f}
 noise = {m["noise"]:.4f}
 noise_memory = {m["memory"]:.3f}
+freeze_cost_s = {refill:.9f}
 [comm]
 latency_s = 0.0
 bytes = 0.0
@@ -198,15 +229,8 @@ def main():
     pool_fixed(conds, measured)
     hog = 'kind = "hog"\nranks = [1]\nslice_s = {}\n'
     slice_s = None
-    frozen = [0.0, 0.0]
-    for policy, path in conds.get("hog-128", {"runs": []})["runs"]:
-        for r in records(path)[WARMUP:] if policy == "bsp" else []:
-            f = r["compute_s"][1] * (1.0 - min(1.0, r["cpu_share"][1]))
-            n = (r.get("preemptions") or [0.0, 0.0])[1]
-            if n >= 1 and f > 0:
-                frozen = [frozen[0] + f * f / n, frozen[1] + f]
-    if frozen[1] > 0:
-        slice_s = frozen[0] / frozen[1]
+    if "hog-128" in conds and freeze_length(conds["hog-128"]):
+        slice_s = freeze_length(conds["hog-128"])
         print(f"hog slice measured in hog-128's bsp runs (frozen seconds per preemption): {1e3 * slice_s:.2f} ms")
     elif "hog-128" in conds:
         m = measured["hog-128"]
@@ -217,13 +241,32 @@ def main():
             fits.append((abs(bsp / m["bsp_iter"] - 1), s))
         slice_s = min(fits)[1]
         print(f"hog slice fitted on hog-128's bsp iteration time: {1e3 * slice_s:g} ms")
+    # A freeze's refill: the condition's own where rank 1 meets freezes in most computes, else the
+    # mean of the series' conditions of the same kind (a quota, or a hog steady or bursty) that
+    # measure one, else none.
+    kind = lambda name: "quota" if name.startswith("quota") else "hog" if name.startswith(("hog", "bursty")) else None
+    own = {name: freeze_cost(c) for name, c in conds.items() if kind(name)}
+    refills = {}
+    for name in own:
+        alike = [v for o, v in own.items() if kind(o) == kind(name) and v is not None]
+        refills[name] = own[name] if own[name] is not None else (st.mean(alike) if alike else 0.0)
+        where = "" if own[name] is not None else " (the series' other conditions of its kind)" if alike else " (none measured)"
+        print(f"{name}: a freeze costs rank 1 {1e3 * refills[name]:.3f} ms of CPU{where}")
+    # A quota: half of every period, as set; but the kernel enforces it in longer stretches than
+    # its period (its bandwidth slice is 5 ms), so the windows are as long as the freezes rank 1
+    # met in bsp's runs.
+    windows = {}
+    for name, c in conds.items():
+        if name.startswith("quota"):
+            windows[name] = freeze_length(c) or (0.001 if name.startswith("quota2ms") else 0.05)
+            print(f"{name}: rank 1 frozen {1e3 * windows[name]:.2f} ms at a time in bsp's runs")
     print(f"{'condition':<16} {'real lbbsp/bsp (median, 95% CI)':>34} {'simulated (mean, seeds 2.5-97.5%)':>30}  within")
     for name, c in conds.items():
         m = measured[name]
-        if name.startswith("quota2ms"):
-            p = 'kind = "quota"\nranks = [1]\nquota_s = 0.001\nperiod_s = 0.002\n'
-        elif name.startswith("quota100ms"):
-            p = 'kind = "quota"\nranks = [1]\nquota_s = 0.05\nperiod_s = 0.1\n'
+        refill = refills.get(name, 0.0)
+        if name.startswith("quota"):
+            window = windows[name]
+            p = f'kind = "quota"\nranks = [1]\nquota_s = {window:.6f}\nperiod_s = {2 * window:.6f}\n'
         elif name.startswith("hog"):
             if slice_s is None:
                 print(f"{name:<16} no hog-128 runs to fit the hog's slice on")
@@ -238,7 +281,7 @@ def main():
             p = hog.format(slice_s) + "on_s = 0.325\noff_s = 0.325\n"
         else:
             p = None
-        text = scenario(name, c, m, "[[interference]]\n" + p if p else "")
+        text = scenario(name, c, m, "[[interference]]\n" + p if p else "", refill)
         # A throttled or preempted rank computes slower than its share of the CPU alone makes it
         # (its caches refilled after every freeze): rank 1's measured slowdown in the bsp runs,
         # beyond what the simulator's windows give, as a hidden steady factor.
@@ -247,7 +290,7 @@ def main():
             extra = real_slowdown / simulated_slowdown(text)
             if extra > 1.0:
                 p += f'[[interference]]\nkind = "steady"\nranks = [1]\nsignal = false\nfactor = {extra:.4f}\n'
-                text = scenario(name, c, m, "[[interference]]\n" + p)
+                text = scenario(name, c, m, "[[interference]]\n" + p, refill)
         ratios, _ = simulate(text, seeds)
         mean = st.mean(ratios)
         q = sorted(ratios)

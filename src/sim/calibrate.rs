@@ -200,6 +200,7 @@ impl Calibration {
                 beta_s: self.line.beta,
                 noise: 0.0,
                 noise_memory: 0.0,
+                freeze_cost_s: 0.0,
                 speeds: Speeds::Equal,
             },
             comm: Comm {

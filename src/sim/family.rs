@@ -105,6 +105,7 @@ pub fn generate(seed: u64, ranks: usize) -> Scenario {
         beta_s: log_u(&mut u, 3e-6, 6e-5),
         noise: u(0.005, 0.08),
         noise_memory: 0.0,
+        freeze_cost_s: 0.0,
         speeds,
     };
     let batch_per_rank = [32, 64, 128, 256, 1024][(u(0.0, 5.0) as usize).min(4)];

@@ -130,7 +130,7 @@ impl Cost for Timed {
     }
 
     fn size_at(&self, t: f64) -> f64 {
-        self.line.size_at(self.slices.map_or(t, |s| s.cpu_within(self.start, t)))
+        self.line.size_at(self.slices.map_or(t, |s| s.work_within(self.start, t)))
     }
 
     fn rate_at(&self, t: f64) -> f64 {
@@ -152,6 +152,9 @@ struct Track {
     /// slice-granular process).
     compute: Vec<f64>,
     stretch: Vec<f64>,
+    /// Each rank's CPU seconds of compute: its work and the refills of its freezes
+    /// (`compute.freeze_cost_s`), which its CPU clock counts.
+    spent: Vec<f64>,
     /// Each rank's freezes in its compute (0 but under a slice-granular process), and its CPU
     /// share over the whole iteration before (0, no measure, but under one).
     freezes: Vec<f64>,
@@ -253,7 +256,7 @@ pub fn simulate(
                 let mut r = IterRecord::timed(t, tr.sizes.clone(), tr.compute.clone());
                 r.iter_s = slowest + collective;
                 r.comm_s = vec![collective; n];
-                r.cpu_share = cpu_share.iter().zip(&tr.stretch).map(|(s, x)| s / x).collect();
+                r.cpu_share = cpu_share.iter().enumerate().map(|(i, &s)| tr.shown(i, s)).collect();
                 r.preemptions = seen.iter().map(|s| s[0]).collect();
                 r.frozen_s = tr.compute.iter().zip(&r.cpu_share).map(|(&c, &s)| off_cpu_s(c, s)).collect();
                 r.run_share = seen.iter().map(|s| s[1]).collect();
@@ -574,6 +577,7 @@ impl Track {
             times: Vec::with_capacity(iterations),
             compute: vec![0.0; n],
             stretch: vec![1.0; n],
+            spent: vec![0.0; n],
             freezes: vec![0.0; n],
             run_share: vec![0.0; n],
             run_s: 0.0,
@@ -610,7 +614,8 @@ impl Track {
                 }
                 None => (0.0, cpu, 0.0),
             };
-            (self.compute[i], self.freezes[i]) = (compute, freezes);
+            let refill = it.slices[i].map_or(0.0, |s| s.refill_s * freezes);
+            (self.compute[i], self.freezes[i], self.spent[i]) = (compute, freezes, cpu + refill);
             self.stretch[i] = if cpu > 0.0 { self.compute[i] / cpu } else { 1.0 };
             slowest = slowest.max(wait + self.compute[i]);
             let starved = starved(&it.lines[i], self.sizes[i], share);
@@ -620,6 +625,12 @@ impl Track {
         self.idle += self.compute.iter().map(|c| slowest - c).sum::<f64>();
         self.span += slowest * it.lines.len() as f64;
         slowest
+    }
+
+    /// The CPU share rank `i` reports of its compute, the others' processes leaving it `share`: its
+    /// CPU seconds (refills included) over its wall seconds.
+    fn shown(&self, i: usize, share: f64) -> f64 {
+        share / if self.spent[i] > 0.0 { self.compute[i] / self.spent[i] } else { 1.0 }
     }
 
     /// What each rank reports of its freezes, its preemptions and its share over the iteration
@@ -642,10 +653,10 @@ impl Track {
             *o = Observation {
                 batch: self.sizes[i],
                 compute_s: self.compute[i],
-                cpu_share: share[i] / self.stretch[i],
+                cpu_share: self.shown(i, share[i]),
                 preemptions: seen[i][0],
                 // Every second a simulated rank is off the CPU, a process took.
-                frozen_s: off_cpu_s(self.compute[i], share[i] / self.stretch[i]),
+                frozen_s: off_cpu_s(self.compute[i], self.shown(i, share[i])),
                 run_share: seen[i][1],
                 run_s: seen[i][2],
                 transfer_s: transfer,
@@ -867,10 +878,30 @@ bytes = 0.0
         assert!((bsp_short / bsp_long - 1.0).abs() < 0.15, "{bsp_short} {bsp_long}");
         // The windows: 1 ms of every 2 ms from phase 0; 1.5 ms of CPU from t = 0.5 ms runs 0.5 ms,
         // waits 1 ms, runs 1 ms: done at 3 ms, 2.5 ms later.
-        let s = Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None };
+        let s = Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None, refill_s: 0.0 };
         assert!((s.wall(0.0005, 0.0015) - 0.0025).abs() < 1e-12, "{}", s.wall(0.0005, 0.0015));
         assert!((s.cpu_within(0.0005, 0.0025) - 0.0015).abs() < 1e-12);
         assert!(s.running(0.0005) && !s.running(0.0015));
+    }
+
+    /// A freeze costs the rank `freeze_cost_s` of CPU on resuming, which can meet a freeze of its
+    /// own: the wall time is the least fixed point, the work within it is the CPU less the refills,
+    /// and a rank that always runs does `run − refill` of work a period.
+    #[test]
+    fn a_freeze_costs_its_refill_in_cpu() {
+        let s = Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None, refill_s: 0.0003 };
+        // 1.5 ms of work from 0: 1 ms, a freeze, then 0.5 ms and the 0.3 ms refill: done at 2.8 ms.
+        assert!((s.wall(0.0, 0.0015) - 0.0028).abs() < 1e-12, "{}", s.wall(0.0, 0.0015));
+        assert!((s.work_within(0.0, 0.0028) - 0.0015).abs() < 1e-12 && (s.cpu_for(0.0, 0.0015) - 0.0018).abs() < 1e-12);
+        // 1.8 ms: its refill runs it into a second freeze, whose refill it pays too: 2.4 ms of CPU.
+        assert!((s.wall(0.0, 0.0018) - 0.0044).abs() < 1e-12, "{}", s.wall(0.0, 0.0018));
+        assert!((s.average_stretch() - 0.002 / 0.0007).abs() < 1e-12);
+        // A scenario whose refill would take most of a window is refused, naming the key.
+        let text = "name = \"q\"\nranks = 2\niterations = 10\nbatch_per_rank = 8\n[compute]\nalpha_s = 0.0\n\
+                    beta_s = 1e-5\nfreeze_cost_s = 0.0006\n[[interference]]\nkind = \"quota\"\nranks = [1]\n\
+                    quota_s = 0.001\nperiod_s = 0.002\n";
+        let e = Scenario::parse(text, std::path::Path::new("q.toml")).unwrap_err().to_string();
+        assert!(e.contains("compute.freeze_cost_s"), "{e}");
     }
 
     /// A rank frozen when its collective returns computes from its next window: the trainer's
@@ -883,7 +914,7 @@ bytes = 0.0
         let cfg = BalanceConfig::default();
         let mut tr = Track::new(SimPolicy::Bsp, &cfg, 128, 2, 1).unwrap();
         let lines = [Line { alpha: 0.0, beta: 1e-5 }; 2];
-        let slices = [None, Some(Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None })];
+        let slices = [None, Some(Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None, refill_s: 0.0 })];
         // At 1.5 ms rank 1 is frozen until 2 ms; its 0.64 ms of CPU then runs in one window.
         tr.clock = 0.0015;
         let it = Iteration { lines: &lines, noise: &[1.0; 2], slices: &slices };
@@ -926,7 +957,7 @@ bytes = 0.0
         // Rank 1 runs 1 ms of every 2 ms: its average speed is half. At the start of its running
         // window its share at the clock is more than that; where it is frozen, less.
         let line = Line { alpha: 0.0, beta: 1e-6 };
-        let slices = [None, Some(Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None })];
+        let slices = [None, Some(Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None, refill_s: 0.0 })];
         let bounds = [(1, 256), (1, 256)];
         let average = average_shares(&[line; 2], &slices, 256, &bounds);
         assert!(average[1].abs_diff(85) <= 1, "{average:?}");
@@ -944,7 +975,7 @@ bytes = 0.0
     #[test]
     fn a_bursty_hogs_windows_match_a_walk_of_the_clock() {
         let bursts = Some(scenario::Bursts { on_s: 0.0237, cycle_s: 0.05 });
-        let s = Slices { run_s: 0.003, period_s: 0.006, phase_s: 0.0171, bursts };
+        let s = Slices { run_s: 0.003, period_s: 0.006, phase_s: 0.0171, bursts, refill_s: 0.0 };
         let dt = 1e-5;
         let mut rng = crate::data::rng::Rng::from_keys(&[7]);
         let dt: f64 = dt;

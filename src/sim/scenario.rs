@@ -62,6 +62,12 @@ pub struct Compute {
     /// its deviation. The Bayes oracle takes the noise as independent.
     #[serde(default)]
     pub noise_memory: f64,
+    /// CPU seconds a rank spends on resuming from each freeze of a slice-granular process (a quota
+    /// or a hog), beyond its work: its caches and TLB refilled. It is CPU time: the rank's CPU clock
+    /// and share count it. A rank under a quota whose every compute meets a freeze has a fixed
+    /// cost of its own, and a small batch costs it more per sample than its slope.
+    #[serde(default)]
+    pub freeze_cost_s: f64,
     /// Static per-rank multipliers of β.
     #[serde(default)]
     pub speeds: Speeds,
@@ -290,6 +296,8 @@ pub struct Slices {
     pub period_s: f64,
     pub phase_s: f64,
     pub bursts: Option<Bursts>,
+    /// CPU seconds each freeze costs the rank on resuming (`compute.freeze_cost_s`).
+    pub refill_s: f64,
 }
 
 /// Bursts of a slice-granular process: `on_s` of every `cycle_s` seconds of wall time, each burst's
@@ -344,8 +352,38 @@ impl Slices {
         k * cycle + if r < b.on_s { self.windows_cpu(r) } else { in_burst + r - b.on_s }
     }
 
+    /// Wall seconds from clock `start` until the rank has done `work` CPU seconds of work, each
+    /// freeze met (the one it starts in too) costing it `refill_s` more: the least fixed point of
+    /// `cpu = work + refill·freezes(wall(cpu))`, reached from below (each refill can meet another
+    /// freeze; a refill as long as a window never ends, and the rank is validated against that).
+    pub fn wall(&self, start: f64, work: f64) -> f64 {
+        let mut cpu = work;
+        let mut wall = self.reached(start, cpu);
+        if self.refill_s > 0.0 && work > 0.0 {
+            for _ in 0..64 {
+                let next = work + self.refill_s * self.freezes(start, wall);
+                if next <= cpu {
+                    break;
+                }
+                (cpu, wall) = (next, self.reached(start, next));
+            }
+        }
+        wall
+    }
+
+    /// CPU seconds of work the rank may do within `wall` seconds from clock `start`: its windows'
+    /// CPU less the refills of the freezes met.
+    pub fn work_within(&self, start: f64, wall: f64) -> f64 {
+        (self.cpu_within(start, wall) - self.refill_s * self.freezes(start, wall)).max(0.0)
+    }
+
+    /// CPU seconds the rank spends doing `work` from clock `start`: the work and its refills.
+    pub fn cpu_for(&self, start: f64, work: f64) -> f64 {
+        work + self.refill_s * self.freezes(start, self.wall(start, work))
+    }
+
     /// Wall seconds from clock `start` until the rank has had `cpu` seconds of CPU.
-    pub fn wall(&self, start: f64, cpu: f64) -> f64 {
+    fn reached(&self, start: f64, cpu: f64) -> f64 {
         if cpu <= 0.0 {
             return 0.0;
         }
@@ -389,12 +427,16 @@ impl Slices {
         (self.available(start + wall) - self.available(start)).max(0.0)
     }
 
-    /// How many times longer than its CPU seconds the rank takes on average: `period / run`, or
-    /// a cycle's seconds over its CPU seconds.
+    /// How many times longer than its work the rank takes on average: `period / run`, or a
+    /// cycle's seconds over its CPU seconds, each freeze's refill taken from the CPU.
     pub fn average_stretch(&self) -> f64 {
+        // A rank that always runs meets one freeze a period and spends its refill in the window.
         match self.bursts {
-            None => self.period_s / self.run_s,
-            Some(b) => b.cycle_s / self.burst_totals(b).2,
+            None => self.period_s / (self.run_s - self.refill_s),
+            Some(b) => {
+                let (_, offs, cycle) = self.burst_totals(b);
+                b.cycle_s / (cycle - offs * self.refill_s)
+            }
         }
     }
 
@@ -405,7 +447,7 @@ impl Slices {
         }
         // The wall time of a CPU slice far shorter than any window, less that slice.
         let slice = 1e-9 * self.run_s;
-        self.wall(x, slice) - slice
+        self.reached(x, slice) - slice
     }
 
     /// Whether the rank may run at wall clock `x`.
@@ -460,7 +502,7 @@ fn sliced(slices: &mut [Option<Slices>], on: &Targets, window: (f64, f64), burst
     for r in on.select(slices.len()) {
         let phase_s =
             bursts.map_or(period_s, |b| b.cycle_s) * Rng::from_keys(&[seed, k as u64, r as u64, 0x511ce]).next_f64();
-        slices[r] = Some(Slices { run_s, period_s, phase_s, bursts });
+        slices[r] = Some(Slices { run_s, period_s, phase_s, bursts, refill_s: 0.0 });
     }
 }
 
@@ -556,6 +598,12 @@ impl Scenario {
         if !(0.0..1.0).contains(&s.compute.noise_memory) {
             return Err(err(format!("`compute.noise_memory` must be in [0, 1), got {}", s.compute.noise_memory)));
         }
+        if !(s.compute.freeze_cost_s >= 0.0 && s.compute.freeze_cost_s.is_finite()) {
+            return Err(err(format!(
+                "`compute.freeze_cost_s` must be a finite number of seconds ≥ 0, got {}",
+                s.compute.freeze_cost_s
+            )));
+        }
         if let Some(t) = s.comm.transfer_s.filter(|t| !(*t >= 0.0 && t.is_finite())) {
             return Err(err(format!("`comm.transfer_s` must be a finite number of seconds ≥ 0, got {t}")));
         }
@@ -564,6 +612,18 @@ impl Scenario {
         }
         for (k, p) in s.interference.iter().enumerate() {
             p.validate().map_err(|m| err(format!("`interference[{k}]`: {m}")))?;
+            // A refill as long as the window the rank resumes in would take all of it, every time.
+            let window = match p {
+                Interference::Quota { quota_s, .. } => *quota_s,
+                Interference::Hog { slice_s, .. } => *slice_s,
+                _ => f64::INFINITY,
+            };
+            if s.compute.freeze_cost_s >= 0.5 * window {
+                return Err(err(format!(
+                    "`compute.freeze_cost_s` ({} s) must be under half of `interference[{k}]`'s running window ({window} s)",
+                    s.compute.freeze_cost_s
+                )));
+            }
         }
         Ok(s)
     }
@@ -794,6 +854,7 @@ impl Cluster {
             let process = Process::of(p, &mut slices, (seed, processes.len()))?;
             processes.push(process);
         }
+        slices.iter_mut().flatten().for_each(|s| s.refill_s = scenario.compute.freeze_cost_s);
         Ok(Cluster {
             seed,
             speeds,
