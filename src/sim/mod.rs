@@ -892,7 +892,9 @@ bytes = 0.0
         let s = Slices { run_s: 0.001, period_s: 0.002, phase_s: 0.0, bursts: None, refill_s: 0.0003 };
         // 1.5 ms of work from 0: 1 ms, a freeze, then 0.5 ms and the 0.3 ms refill: done at 2.8 ms.
         assert!((s.wall(0.0, 0.0015) - 0.0028).abs() < 1e-12, "{}", s.wall(0.0, 0.0015));
-        assert!((s.work_within(0.0, 0.0028) - 0.0015).abs() < 1e-12 && (s.cpu_for(0.0, 0.0015) - 0.0018).abs() < 1e-12);
+        assert!(
+            (s.work_within(0.0, 0.0028) - 0.0015).abs() < 1e-12 && (s.cpu_within(0.0, 0.0028) - 0.0018).abs() < 1e-12
+        );
         // 1.8 ms: its refill runs it into a second freeze, whose refill it pays too: 2.4 ms of CPU.
         assert!((s.wall(0.0, 0.0018) - 0.0044).abs() < 1e-12, "{}", s.wall(0.0, 0.0018));
         assert!((s.average_stretch() - 0.002 / 0.0007).abs() < 1e-12);

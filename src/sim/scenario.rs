@@ -63,7 +63,7 @@ pub struct Compute {
     #[serde(default)]
     pub noise_memory: f64,
     /// CPU seconds a rank spends on resuming from each freeze of a slice-granular process (a quota
-    /// or a hog), beyond its work: its caches and TLB refilled. It is CPU time: the rank's CPU clock
+    /// or a hog), beyond its work (resuming refills its caches, for one). It is CPU time: the rank's CPU clock
     /// and share count it. A rank under a quota whose every compute meets a freeze has a fixed
     /// cost of its own, and a small batch costs it more per sample than its slope.
     #[serde(default)]
@@ -375,11 +375,6 @@ impl Slices {
     /// CPU less the refills of the freezes met.
     pub fn work_within(&self, start: f64, wall: f64) -> f64 {
         (self.cpu_within(start, wall) - self.refill_s * self.freezes(start, wall)).max(0.0)
-    }
-
-    /// CPU seconds the rank spends doing `work` from clock `start`: the work and its refills.
-    pub fn cpu_for(&self, start: f64, work: f64) -> f64 {
-        work + self.refill_s * self.freezes(start, self.wall(start, work))
     }
 
     /// Wall seconds from clock `start` until the rank has had `cpu` seconds of CPU.
