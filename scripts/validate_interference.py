@@ -36,6 +36,7 @@ conditions). What the scenario takes from the runs, per condition:
 The ratio predicted is never fitted.
 """
 import contextlib
+import functools
 import json
 import os
 import statistics as st
@@ -52,6 +53,12 @@ BIN = os.path.abspath(os.environ.get("LBBSP_BIN", "target/release/lbbsp"))
 
 def records(path):
     return [json.loads(line) for line in open(path) if line.strip()]
+
+
+@functools.lru_cache(maxsize=None)
+def run_records(path):
+    """A real run's records, read once: each condition's measures read the same files."""
+    return records(path)
 
 
 def conditions(dirs):
@@ -71,7 +78,7 @@ def measure(c):
     """Rank 0's line and noise, the fixed cost, the iterations and bsp's median iteration seconds."""
     pts, fixed, unfrozen, bsp_iter, iters, run_of = [], [], [], [], 0, []
     for run, (policy, path) in enumerate(c["runs"]):
-        every = records(path)
+        every = run_records(path)
         iters = max(iters, len(every))
         for k, r in enumerate(every[WARMUP:], WARMUP):
             if sum(r["batch_sizes"]) != r["global_batch"]:
@@ -146,7 +153,7 @@ def freeze_length(c):
     (None without a preemption counted)."""
     frozen = [0.0, 0.0]
     for policy, path in c["runs"]:
-        for r in records(path)[WARMUP:] if policy == "bsp" else []:
+        for r in run_records(path)[WARMUP:] if policy == "bsp" else []:
             f = r["compute_s"][1] * (1.0 - min(1.0, r["cpu_share"][1]))
             n = (r.get("preemptions") or [0.0, 0.0])[1]
             if n >= 1 and f > 0:
@@ -159,10 +166,10 @@ def freeze_cost(c):
     its mean CPU seconds of compute beyond rank 0's, per freeze met (None where it meets fewer than
     one a compute on average: the ranks' difference is then noise, not refills)."""
     cpu, freezes = [0.0, 0.0], []
+    # bsp's own runs, not a split held by replay.
+    equal = lambda r: r["batch_sizes"][0] == r["batch_sizes"][1]
     for policy, path in c["runs"]:
-        # bsp's own runs, not a split held by replay.
-        equal = lambda r: r["batch_sizes"][0] == r["batch_sizes"][1]
-        for r in filter(equal, records(path)[WARMUP:]) if policy == "bsp" else []:
+        for r in filter(equal, run_records(path)[WARMUP:]) if policy == "bsp" else []:
             for i in (0, 1):
                 cpu[i] += r["compute_s"][i] * min(1.0, r["cpu_share"][i])
             freezes.append((r.get("preemptions") or [0.0, 0.0])[1])
@@ -229,8 +236,9 @@ def main():
     pool_fixed(conds, measured)
     hog = 'kind = "hog"\nranks = [1]\nslice_s = {}\n'
     slice_s = None
-    if "hog-128" in conds and freeze_length(conds["hog-128"]):
+    if "hog-128" in conds:
         slice_s = freeze_length(conds["hog-128"])
+    if slice_s:
         print(f"hog slice measured in hog-128's bsp runs (frozen seconds per preemption): {1e3 * slice_s:.2f} ms")
     elif "hog-128" in conds:
         m = measured["hog-128"]
