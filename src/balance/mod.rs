@@ -388,13 +388,13 @@ impl Balancer {
     /// (its regimes and noise): the regimes' probabilities are their mean over those iterations
     /// under the two-state chain of onsets `p` and ends `q`, `P_j(lifted) = π + (s − π)·λ^j` with
     /// `π = p/(p+q)`, `λ = 1 − p − q` and `s` 1 if lifted now, else 0. The levels are learned at
-    /// full running ([`Freezes::running`]); the laws give a rank's time at its windows' share.
+    /// full running ([`model::running_share`]); the laws give a rank's time at its windows' share.
     fn laws(&self, horizon: i32) -> Vec<Law> {
         let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
         let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
         let jumps = self.jumps();
         let (mut bases, lifts) = self.levels();
-        bases.iter_mut().zip(&self.freezes).for_each(|(b, f)| *b -= f.running().ln());
+        bases.iter_mut().zip(&self.freezes).for_each(|(b, f)| *b -= model::running_share(f.windows()).ln());
         let lifted = |i: usize, now: f64| {
             let (s, lambda, pi) = (on[i] + off[i], 1.0 - on[i] - off[i], on[i] / (on[i] + off[i]).max(1e-12));
             let mean = if s > 1e-9 { lambda * (1.0 - lambda.powi(horizon)) / (f64::from(horizon) * s) } else { 1.0 };
@@ -476,7 +476,7 @@ impl Balancer {
         for (law @ (atoms, sigma), w) in laws.iter().zip(windows) {
             let expected = mean_time(law);
             plans[0].push(line(expected));
-            plans[1 + QUANTILES.len()].push(line(expected / if w.0 > 0.0 { w.1 } else { 1.0 }));
+            plans[1 + QUANTILES.len()].push(line(expected / model::running_share(*w)));
             let (lo, hi) = if atoms[0].1 <= atoms[1].1 { (atoms[0], atoms[1]) } else { (atoms[1], atoms[0]) };
             for (k, (q, z)) in QUANTILES.iter().enumerate() {
                 let x = if lo.0 >= *q { lo.1 } else { hi.1 };
@@ -617,7 +617,8 @@ impl Policy for Balancer {
                 let slowest = times.iter().copied().fold(0.0, f64::max);
                 self.surprised(obs, &times, slowest, rho);
                 let observed = self.ranks.iter_mut().zip(obs).zip(times.iter().zip(&self.freezes));
-                let learned = observed.filter_map(|((r, o), (t, f))| r.observe(o.batch, t * f.running(), rho));
+                let learned = observed
+                    .filter_map(|((r, o), (t, f))| r.observe(o.batch, t * model::running_share(f.windows()), rho));
                 let mut jumps: Vec<f64> = learned.collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.

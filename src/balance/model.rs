@@ -208,15 +208,6 @@ impl Freezes {
         (length, if self.run[1] > 0.0 { share(self.run).max(share(self.compute)).clamp(1e-3, 1.0) } else { 1.0 })
     }
 
-    /// What a rank's time is learned at: its windows' running share `a` where it freezes in
-    /// windows, else 1. The rank's levels are times at full running, and its laws give them back at
-    /// the windows' share: learned as wall times, a level learned before the windows were known (or
-    /// at another share) no longer matched the smoothed times after, and every iteration read as a
-    /// lift that never ended.
-    pub fn running(&self) -> f64 {
-        Some(self.windows()).filter(|w| w.0 > 0.0).map_or(1.0, |w| w.1)
-    }
-
     /// The time to learn of an iteration: its frozen seconds `f` shrunk towards their long-run
     /// expectation `c·(1/a − 1)` (`c` its CPU seconds), `t̃ = t + k·(c·(1/a − 1) − f)`. The weight
     /// is that of one freeze against the work, `L/(L + c)`: a 50 ms freeze of a 1 ms iteration is
@@ -241,6 +232,16 @@ impl Freezes {
         let k = (length / (length + c)).min(if spread > phase { phase / spread } else { 1.0 });
         t + k * (c * (1.0 / a - 1.0) - f)
     }
+}
+
+/// The share a rank runs at under its windows `(L, a)` ([`Freezes::windows`]): `a` where it freezes
+/// in windows, else 1. A rank's levels are learned at full running (its time times this), and its
+/// laws give them back at this share: learned as wall times, a level learned before the windows
+/// were known (or at another share) no longer matched the smoothed times after, and every
+/// iteration read as a lift that never ended. It is also what a freezing rank's long-run plan
+/// divides its mean time by.
+pub fn running_share((length, a): (f64, f64)) -> f64 {
+    Some(a).filter(|_| length > 0.0).unwrap_or(1.0)
 }
 
 /// An iteration's CPU seconds and its frozen seconds, these at most its time off the CPU.
