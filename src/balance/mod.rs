@@ -32,11 +32,7 @@ pub enum PolicyKind {
 impl PolicyKind {
     /// The name the recipe uses (`balance.policy`).
     pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::Bsp => "bsp",
-            PolicyKind::Lbbsp => "lbbsp",
-            PolicyKind::ProportionalEpoch => "proportional-epoch",
-        }
+        ["bsp", "lbbsp", "proportional-epoch"][self as usize]
     }
 }
 
@@ -241,6 +237,9 @@ pub struct Balancer {
     /// The log-sizes of the last onsets of any rank (a ring): what an onset does.
     onsets: Vec<f64>,
     next_onset: usize,
+    /// Forgotten sums of the onsets' squared deviations from their shock's median lift, and of
+    /// their count: how far one rank's onset is from a shock's.
+    onset_spread: [f64; 2],
     /// Forgotten sums over iterations of the probability that some rank's lift begins, if the
     /// ranks' onsets were independent, and of whether one did.
     shocks: [f64; 2],
@@ -267,9 +266,9 @@ pub struct Balancer {
     decided_at: Vec<f64>,
 }
 
-/// A rank's predictive law of its next log time per sample: its two regimes' (probability,
-/// level), the onset's or the end's second, and its noise's deviation.
-type Law = ([(f64, f64); 2], f64);
+/// A rank's predictive law of its next log time per sample: its regimes' (probability, level), the
+/// onset's or the end's second and a second lift's third, and its noise's deviation.
+type Law = ([(f64, f64); 3], f64);
 
 /// A law's expected time per sample, `E[e^x]`: its regimes' mean with the noise's lognormal
 /// factor.
@@ -390,28 +389,37 @@ impl Balancer {
     /// `π = p/(p+q)`, `λ = 1 − p − q` and `s` 1 if lifted now, else 0. The levels are learned at
     /// full running ([`model::running_share`]); the laws give a rank's time at its windows' share.
     fn laws(&self, horizon: i32) -> Vec<Law> {
-        let on = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[1], r.counts()[0])));
-        let off = shrunk_rates(self.ranks.iter().map(|r| (r.counts()[3], r.counts()[2])));
-        let jumps = self.jumps();
-        let (mut bases, lifts) = self.levels();
+        let rates = |k: usize| shrunk_rates(self.ranks.iter().map(|r| (r.counts()[k + 1], r.counts()[k])));
+        let [on, off, rise, fall] = [0, 2, 4, 6].map(rates);
+        let (jumps, (mut bases, lifts)) = (self.jumps(), self.levels());
         bases.iter_mut().zip(&self.freezes).for_each(|(b, f)| *b -= model::running_share(f.windows()).ln());
-        let lifted = |i: usize, now: f64| {
-            let (s, lambda, pi) = (on[i] + off[i], 1.0 - on[i] - off[i], on[i] / (on[i] + off[i]).max(1e-12));
+        // The mean over the horizon of the chance of the upper state of a two-state chain of
+        // onsets `p` and ends `q`, in it now or not.
+        let upper = |p: f64, q: f64, now: bool| {
+            let (s, lambda, pi) = (p + q, 1.0 - p - q, p / (p + q).max(1e-12));
             let mean = if s > 1e-9 { lambda * (1.0 - lambda.powi(horizon)) / (f64::from(horizon) * s) } else { 1.0 };
-            pi + (now - pi) * mean
+            pi + (f64::from(u8::from(now)) - pi) * mean
         };
-        let atoms = |i: usize| match lifts[i] {
-            Some(l) => [(lifted(i, 1.0), bases[i] + l), (1.0 - lifted(i, 1.0), bases[i])],
-            None => [(1.0 - lifted(i, 0.0), bases[i]), (lifted(i, 0.0), bases[i] + jumps[i])],
+        let atoms = |i: usize, r: &RankModel| {
+            let (b, (second, up), p) = (bases[i], r.second(), upper(on[i], off[i], lifts[i].is_some()));
+            let high = p * upper(rise[i], fall[i], up);
+            match lifts[i] {
+                Some(l) => [(p - high, b + l), (1.0 - p, b), (high, b + l + second)],
+                None => [(1.0 - p, b), (p, b + jumps[i]), (0.0, b)],
+            }
         };
-        self.ranks.iter().enumerate().map(|(i, r)| (atoms(i), r.noise())).collect()
+        self.ranks.iter().enumerate().map(|(i, r)| (atoms(i, r), r.noise())).collect()
     }
 
     /// Each rank's lift at an onset: its own onsets' mean shrunk towards the last shocks' median.
     fn jumps(&self) -> Vec<f64> {
         let median = self.median_onset();
         let n = self.onsets.len().max(1) as f64;
-        let spread = self.onsets.iter().map(|j| (j - median) * (j - median)).sum::<f64>() / n;
+        // One onset's spread about the median: its shock's about the median and its own about its
+        // shock's. Where a shock slows many ranks, its median hides the second, and a rank's own
+        // few onsets (a first one at a level that was not its base) went unshrunk.
+        let within = self.onset_spread[0] / self.onset_spread[1].max(1e-300);
+        let spread = self.onsets.iter().map(|j| (j - median) * (j - median)).sum::<f64>() / n + within;
         let own = |r: &RankModel| Some(r.jump()).filter(|j| j.1 >= 1.0).map_or((median, 0.0), |(j, c)| (j, spread / c));
         let (own, var): (Vec<f64>, Vec<f64>) = self.ranks.iter().map(own).unzip();
         shrunk(&own, &var)
@@ -444,7 +452,8 @@ impl Balancer {
             let jump = if self.onsets.is_empty() { 0.0 } else { self.onsets[rng.below(self.onsets.len())] - median };
             for (i, ((atoms, sigma), r)) in laws.iter().zip(&self.ranks).enumerate() {
                 let x = if r.lift().is_some() {
-                    atoms[usize::from(rng.next_f64() >= atoms[0].0)].1
+                    let u = rng.next_f64();
+                    atoms[usize::from(u >= atoms[0].0) + usize::from(u >= atoms[0].0 + atoms[1].0)].1
                 } else if shocked && rng.next_f64() * shock < atoms[1].0 {
                     atoms[1].1 + jump
                 } else {
@@ -477,10 +486,12 @@ impl Balancer {
             let expected = mean_time(law);
             plans[0].push(line(expected));
             plans[1 + QUANTILES.len()].push(line(expected / model::running_share(*w)));
-            let (lo, hi) = if atoms[0].1 <= atoms[1].1 { (atoms[0], atoms[1]) } else { (atoms[1], atoms[0]) };
+            let mut sorted = *atoms;
+            sorted.sort_by(|a, b| a.1.total_cmp(&b.1));
+            // At `q`, the lowest level whose regimes and those below it are at least that likely.
+            let at = |q: f64| (0..3).find(|&k| sorted[..=k].iter().map(|a| a.0).sum::<f64>() >= q).unwrap_or(2);
             for (k, (q, z)) in QUANTILES.iter().enumerate() {
-                let x = if lo.0 >= *q { lo.1 } else { hi.1 };
-                plans[k + 1].push(line((x + sigma * z).exp()));
+                plans[k + 1].push(line((sorted[at(*q)].1 + sigma * z).exp()));
             }
         }
         let mut candidates = vec![equal_split(self.global_batch, laws.len())];
@@ -622,14 +633,14 @@ impl Policy for Balancer {
                 let mut jumps: Vec<f64> = learned.collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.
-                if !jumps.is_empty() {
-                    let mid = jumps.len() / 2;
+                if let (false, mid) = (jumps.is_empty(), jumps.len() / 2) {
                     let jump = *jumps.select_nth_unstable_by(mid, f64::total_cmp).1;
-                    match self.onsets.get_mut(self.next_onset) {
-                        Some(kept) => *kept = jump,
-                        None => self.onsets.push(jump),
-                    }
-                    self.next_onset = (self.next_onset + 1) % ONSETS_KEPT;
+                    let (spread, kept) =
+                        (jumps.iter().map(|d| (d - jump) * (d - jump)).sum::<f64>(), jumps.len() as f64);
+                    self.onset_spread =
+                        [0, 1].map(|k| self.onset_spread[k] * model::COUNT_FORGETTING + [spread, kept][k]);
+                    self.onsets.resize(self.onsets.len().max(self.next_onset + 1), jump);
+                    (self.onsets[self.next_onset], self.next_onset) = (jump, (self.next_onset + 1) % ONSETS_KEPT);
                 }
                 self.shocks[1] += f64::from(u8::from(!jumps.is_empty()));
                 // A rank whose time per sample moved since the last decision by what makes a lift.
@@ -892,7 +903,7 @@ mod tests {
                 bal.sizes().iter().enumerate().map(|(i, &b)| Observation::new(b, time(i, b))).collect();
             bal.observe(&obs);
         }
-        let [_, on, lifted, off] = bal.ranks[0].counts();
+        let [_, on, lifted, off, ..] = bal.ranks[0].counts();
         assert!(on > 0.0 && off > 0.5 * lifted, "{:?}", bal.ranks[0].counts());
         for h in [1, 2, 3, 7, 20, 1000] {
             let laws = bal.laws(h);

@@ -60,6 +60,7 @@ const SHAPE_RANKS: usize = 256;
 /// with which the level before the last iteration predicted the next (a level that holds the last
 /// iteration's noise credits small values with the balancer's reaction to it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Shape {
     grid: Vec<f64>,
     errors: Vec<f64>,
@@ -67,7 +68,6 @@ pub struct Shape {
     /// level before the regime's last iteration and after it (empty until its first), and whether
     /// the level before holds more than that iteration alone. A checkpoint from before the regimes
     /// has none, and relearns them in two iterations.
-    #[serde(default)]
     regimes: Vec<[(Vec<[f64; 2]>, bool); 2]>,
     stride: usize,
     /// The grid value in use.
@@ -76,7 +76,6 @@ pub struct Shape {
     terms: f64,
     /// Per grid value, forgotten sums of the chosen value's squared error less its own, and of
     /// that difference's square (cleared when the chosen value changes).
-    #[serde(default)]
     against: Vec<[f64; 2]>,
 }
 
@@ -153,6 +152,7 @@ const RUN_FORGETTING: f64 = 0.99;
 /// in windows of `L` every `L·a/(1 − a)` of running. No preemptions counted (no measure, or a
 /// slowdown that is not a freeze): `L = 0`, and the model is the multiplicative one.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Freezes {
     /// Forgotten sums of `f²/N` and `f`.
     frozen: [f64; 2],
@@ -166,11 +166,9 @@ pub struct Freezes {
     /// freeze every time runs less; over the whole iteration, a collective that yields the CPU
     /// while it waits (Open MPI on oversubscribed cores) runs less, in the yields and not in the
     /// windows. The windows' share is their greater.
-    #[serde(default)]
     compute: [f64; 2],
     /// Forgotten sums of the squared deviation of an iteration's frozen seconds per CPU second from
     /// their long-run expectation `1/a − 1`, and of the weights.
-    #[serde(default)]
     spread: [f64; 2],
 }
 
@@ -256,14 +254,9 @@ pub fn off_cpu_s(compute_s: f64, cpu_share: f64) -> f64 {
     compute_s * (1.0 - cpu_share).max(0.0)
 }
 
-/// What moving the shape from `ρ = from` to `to` does to a level learned at size `at`: the same
-/// time there, `e^x·(from + at) = e^{x'}·(to + at)`.
-pub fn reshaped(from: f64, to: f64, at: f64) -> f64 {
-    ((from + at) / (to + at)).ln()
-}
-
 /// One rank's model (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RankModel {
     started: bool,
     base: f64,
@@ -279,6 +272,15 @@ pub struct RankModel {
     /// Forgotten counts: base iterations and onsets after them, lifted iterations and ends after
     /// them.
     counts: [f64; 4],
+    /// While lifted, a second lift on the first (a second job): its level and size while it lasts,
+    /// the mean rise of its onsets above the first, and forgotten counts as `counts` (iterations at
+    /// the first lift and rises after them, iterations above it and falls after them).
+    upper: Option<(f64, f64)>,
+    rise: f64,
+    stacked: [f64; 4],
+    /// Iterations lifted so far: the onset's is partly lifted, and the next one above it is the
+    /// lift's own level, not a second lift.
+    lifted_for: u32,
 }
 
 /// What an observation did to a rank: the lift of an onset, if one began.
@@ -311,17 +313,26 @@ impl RankModel {
         (self.jump, self.counts[1])
     }
 
-    /// Forgotten counts: base iterations, onsets, lifted iterations, ends.
-    pub fn counts(&self) -> [f64; 4] {
-        self.counts
+    /// Forgotten counts: base iterations, onsets, lifted iterations, ends; then the same of a second
+    /// lift on the first: iterations at the first, rises, iterations at the second, falls.
+    pub fn counts(&self) -> [f64; 8] {
+        std::array::from_fn(|k| if k < 4 { self.counts[k] } else { self.stacked[k - 4] })
+    }
+
+    /// The second lift's rise above the first: its own while it lasts, else the mean of its
+    /// onsets' (none: 0); and whether it lasts.
+    pub fn second(&self) -> (f64, bool) {
+        (self.upper.map_or(self.rise, |(h, _)| h - self.lifted.map_or(0.0, |l| l.0)), self.upper.is_some())
     }
 
     /// Moves the levels to a new shape, `ρ` from `before`: what it makes of the same times at the
     /// sizes they were learned at, so that a new shape is not read as every rank changing speed.
     pub fn reshape(&mut self, before: f64, rho: f64) {
-        self.base += reshaped(before, rho, self.base_size);
-        if let Some((l, b)) = self.lifted.as_mut() {
-            *l += reshaped(before, rho, *b);
+        // The same time at the size `at` a level was learned at: `e^x·(before + at) = e^{x'}·(rho + at)`.
+        let reshaped = |at: f64| ((before + at) / (rho + at)).ln();
+        self.base += reshaped(self.base_size);
+        for (l, b) in self.lifted.iter_mut().chain(self.upper.iter_mut()) {
+            *l += reshaped(*b);
         }
     }
 
@@ -339,24 +350,37 @@ impl RankModel {
         let d = x - self.base;
         let lifted = d > self.threshold();
         self.counts.iter_mut().for_each(|c| *c *= COUNT_FORGETTING);
-        let was = self.lifted.is_some();
-        self.counts[if was { 2 } else { 0 }] += 1.0;
-        let mut onset = None;
-        if lifted {
-            self.lifted = Some(match self.lifted {
-                Some((l, s)) => (l + LIFT_GAIN * (x - l), s + LIFT_GAIN * (b - s)),
-                None => {
-                    self.counts[1] += 1.0;
-                    self.jump += (d - self.jump) / self.counts[1].min(10.0);
-                    onset = Some(d);
-                    (x, b)
-                }
-            });
-        } else {
-            if was {
-                self.counts[3] += 1.0;
+        self.counts[2 * usize::from(self.lifted.is_some())] += 1.0;
+        let smooth = |(l, s): (f64, f64)| (l + LIFT_GAIN * (x - l), s + LIFT_GAIN * (b - s));
+        if let (true, Some((l, s))) = (lifted, self.lifted) {
+            let (up, above) = (self.upper.is_some(), x - l > self.threshold());
+            self.lifted_for = self.lifted_for.saturating_add(1);
+            self.stacked.iter_mut().for_each(|c| *c *= COUNT_FORGETTING);
+            self.stacked[2 * usize::from(up)] += 1.0;
+            // At a second lift: nearer its level than the first's; or, from the first, a rise by
+            // more than a lift and than half the rank's rises.
+            let high = self.upper.map_or(above && x - l > 0.5 * self.rise, |h| 2.0 * (x - l) > h.0 - l);
+            if above && self.lifted_for < 2 {
+                // The onset's iteration was partly lifted: this one is the lift, and its onset's.
+                (self.jump, self.lifted) = (self.jump + (x - l) / self.counts[1].clamp(1.0, 10.0), Some((x, b)));
+            } else if high && !up {
+                self.stacked[1] += 1.0;
+                self.rise += (x - l - self.rise) / self.stacked[1].min(10.0);
+                self.upper = Some((x, b));
+            } else if high {
+                self.upper = self.upper.map(smooth);
+            } else {
+                self.stacked[3] += f64::from(u8::from(up));
+                (self.lifted, self.upper) = (Some(smooth((l, s))), None);
             }
-            self.lifted = None;
+        } else if lifted {
+            self.counts[1] += 1.0;
+            self.jump += (d - self.jump) / self.counts[1].min(10.0);
+            (self.lifted, self.lifted_for) = (Some((x, b)), 0);
+            return Some(d);
+        } else {
+            self.counts[3] += f64::from(u8::from(self.lifted.is_some()));
+            (self.lifted, self.upper) = (None, None);
             // Faster than the base by twice what makes a lift: a job there from the start has
             // left, and the base moves at once (within that, it may be the noise's tail).
             if d < -2.0 * self.threshold() {
@@ -367,7 +391,7 @@ impl RankModel {
                 self.base_size += BASE_GAIN * (b - self.base_size);
             }
         }
-        onset
+        None
     }
 }
 
@@ -385,10 +409,39 @@ mod tests {
             m.observe(100, f * noise * 0.01, 0.0);
         }
         assert!((m.base() - (1e-4f64).ln()).abs() < 0.02, "{}", m.base());
-        let [base, on, lifted, off] = m.counts();
+        let [base, on, lifted, off, ..] = m.counts();
         // Onsets once in seven base iterations, ends once in three lifted ones.
         assert!((on / base - 1.0 / 7.0).abs() < 0.03 && (off / lifted - 1.0 / 3.0).abs() < 0.05, "{:?}", m.counts());
         assert!(m.noise() < 0.03, "{}", m.noise());
+    }
+
+    /// A rank under two jobs has four speeds: the model keeps the second job's lift on the first as
+    /// a regime of its own (with two regimes, the iterations under both only moved the lifted
+    /// level, and the second job's onsets while the first ran were never expected). The first
+    /// job's onset falls within an iteration, and that partial iteration is no second lift.
+    #[test]
+    fn a_second_lift_on_the_first_is_a_regime_of_its_own() {
+        let mut m = RankModel::default();
+        let mut rises = 0;
+        for k in 0..400usize {
+            // Quiet for 10, then a first job (3×) whose onset iteration is half lifted (2×) and
+            // which stays for 30, under which a second job (3.5×) comes for 4 of every 10.
+            let (cycle, noise) = (k % 40, if k % 2 == 0 { 1.01 } else { 0.99 });
+            let f = match cycle {
+                0..10 => 1.0,
+                10 => 2.0,
+                c if (c - 11) % 10 >= 6 => 3.0 * 3.5,
+                _ => 3.0,
+            };
+            let before = m.counts()[5];
+            m.observe(100, f * noise * 1e-2, 0.0);
+            rises += usize::from(m.counts()[5] > before);
+        }
+        let (rise, _) = m.second();
+        // Three rises a cycle (none at the partial onset), each 3.5× on the first job.
+        assert_eq!(rises, 30, "{:?}", m.counts());
+        assert!((rise - 3.5f64.ln()).abs() < 0.05, "{rise}");
+        assert!((m.jump().0 - 3f64.ln()).abs() < 0.05, "{:?}", m.jump());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! it into FMAs behind our back).
 
 use serde::{Deserialize, Serialize};
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 /// A fitted compute-time line `t(b) = alpha + beta·b` (seconds).
@@ -22,15 +22,6 @@ pub struct Line {
 impl Line {
     pub fn at(&self, b: usize) -> f64 {
         self.at_f(b as f64)
-    }
-
-    pub fn at_f(&self, b: f64) -> f64 {
-        self.alpha + self.beta * b
-    }
-
-    /// The (fractional) size this line computes in `t` seconds.
-    pub fn size_at(&self, t: f64) -> f64 {
-        (t - self.alpha) / self.beta
     }
 
     /// The line `m` times slower: fixed and per-sample costs stretched alike.
@@ -56,11 +47,11 @@ pub trait Cost {
 
 impl Cost for Line {
     fn at_f(&self, b: f64) -> f64 {
-        Line::at_f(self, b)
+        self.alpha + self.beta * b
     }
 
     fn size_at(&self, t: f64) -> f64 {
-        Line::size_at(self, t)
+        (t - self.alpha) / self.beta
     }
 
     fn rate_at(&self, _t: f64) -> f64 {
@@ -95,8 +86,8 @@ pub fn equalize_by<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)]
     if left == 0 {
         return sizes;
     }
-    let key = |i: usize, s: usize| (OrdF64(lines[i].at_f((s + 1) as f64)), i);
-    let mut next: Vec<(OrdF64, usize)> = (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| key(i, sizes[i])).collect();
+    let key = |i: usize, s: usize| (ordered(lines[i].at_f((s + 1) as f64)), i);
+    let mut next: Vec<(u64, usize)> = (0..n).filter(|&i| sizes[i] < bounds[i].1).map(|i| key(i, sizes[i])).collect();
     if left <= next.len() {
         let (chosen, pivot, _) = next.select_nth_unstable(left - 1);
         let pivot = *pivot;
@@ -109,7 +100,7 @@ pub fn equalize_by<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)]
             return sizes;
         }
     }
-    let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = next.into_iter().map(Reverse).collect();
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = next.into_iter().map(Reverse).collect();
     while left > 0 {
         let Reverse((_, i)) = heap.pop().expect("Σ hi ≥ total leaves a rank with room");
         sizes[i] += 1;
@@ -171,20 +162,9 @@ fn finishing_time<C: Cost>(lines: &[C], total: usize, bounds: &[(usize, usize)])
     t_lo
 }
 
-/// Total order on f64 for the heap.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct OrdF64(f64);
-
-impl Eq for OrdF64 {}
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.total_cmp(&other.0)
-    }
+/// A key whose order is `f64::total_cmp`'s, for the heap: the sign bit flips the rest.
+fn ordered(x: f64) -> u64 {
+    x.to_bits() ^ ((x.to_bits() as i64 >> 63) as u64 | 1 << 63)
 }
 
 #[cfg(test)]
