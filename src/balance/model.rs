@@ -8,8 +8,10 @@
 //! ```
 //!
 //! `β_i` smooths the base iterations (a steady-state Kalman filter); an iteration more than
-//! `max(10%, 3σ_i)` above it is lifted. Transitions are counted with forgetting; the balancer
-//! pools the ranks' rates, levels and lifts by empirical Bayes (`docs/balancer.md`).
+//! `max(10%, 3σ_i)` above it is lifted. While lifted, a second job's lift on the first is a regime
+//! of its own, with its own chain of rises and falls: a rank under two jobs has four speeds.
+//! Transitions are counted with forgetting; the balancer pools the ranks' rates, levels and lifts
+//! by empirical Bayes (`docs/balancer.md`).
 
 use serde::{Deserialize, Serialize};
 
