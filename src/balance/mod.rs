@@ -389,7 +389,7 @@ impl Balancer {
     /// `π = p/(p+q)`, `λ = 1 − p − q` and `s` 1 if lifted now, else 0. The levels are learned at
     /// full running ([`model::running_share`]); the laws give a rank's time at its windows' share.
     fn laws(&self, horizon: i32) -> Vec<Law> {
-        let rates = |k: usize| shrunk_rates(self.ranks.iter().map(|r| (r.counts()[k + 1], r.counts()[k])));
+        let rates = |k: usize| shrunk_rates(self.ranks.iter().map(RankModel::counts).map(|c| (c[k + 1], c[k])));
         let [on, off, rise, fall] = [0, 2, 4, 6].map(rates);
         let (jumps, (mut bases, lifts)) = (self.jumps(), self.levels());
         bases.iter_mut().zip(&self.freezes).for_each(|(b, f)| *b -= model::running_share(f.windows()).ln());
@@ -633,12 +633,13 @@ impl Policy for Balancer {
                 let mut jumps: Vec<f64> = learned.collect();
                 // One lift per shock, the median of its onsets: ranks that a shock slows together
                 // are one event, not many.
-                if let (false, mid) = (jumps.is_empty(), jumps.len() / 2) {
+                if let Some(mid) = (!jumps.is_empty()).then_some(jumps.len() / 2) {
                     let jump = *jumps.select_nth_unstable_by(mid, f64::total_cmp).1;
                     let (spread, kept) =
                         (jumps.iter().map(|d| (d - jump) * (d - jump)).sum::<f64>(), jumps.len() as f64);
                     self.onset_spread =
                         [0, 1].map(|k| self.onset_spread[k] * model::COUNT_FORGETTING + [spread, kept][k]);
+                    // A ring of ONSETS_KEPT: it grows by one until full, then overwrites its oldest.
                     self.onsets.resize(self.onsets.len().max(self.next_onset + 1), jump);
                     (self.onsets[self.next_onset], self.next_onset) = (jump, (self.next_onset + 1) % ONSETS_KEPT);
                 }
