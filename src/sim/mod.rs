@@ -1090,6 +1090,20 @@ bytes = 0.0
             // The ranks report the recorded CPU shares, as the trainer's balancer saw them.
             assert!((0..4).all(|i| (c.share(i) - 1.0 / want[i]).abs() < 1e-12), "iteration {t}");
         }
+        // At another seed the replay starts at another point of the run (seed 1: iteration 9 of
+        // its 10), and the Bayes oracle, which expects a replayed rank to stay as it was, reads
+        // the run from there too.
+        let mut other = two_ranks(&text);
+        other.seed = 1;
+        let mut c = Cluster::new(&other, 2).unwrap();
+        let mut atoms = vec![Vec::new(); 2];
+        for t in 0..15 {
+            c.predict(t, &mut atoms);
+            c.step(t);
+            let f1 = |t: usize| if (t + 9) % 10 >= 5 { 2.0 } else { 1.0 };
+            assert!((c.factor[1] - f1(t)).abs() < 1e-9, "iteration {t}: {:?}", c.factor);
+            assert!((atoms[1][0].1 - f1(t.max(1) - 1)).abs() < 1e-9, "iteration {t}: {:?}", atoms[1]);
+        }
         let missing = two_ranks("[[interference]]\nkind = \"trace\"\npath = \"/nonexistent/run.jsonl\"\n");
         let e = Cluster::new(&missing, 2).err().expect("a missing trace is an error").to_string();
         assert!(e.contains("/nonexistent/run.jsonl"), "{e}");

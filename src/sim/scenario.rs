@@ -548,11 +548,13 @@ enum Process {
     /// A slice-granular process: nothing per iteration (see [`Cluster::slices`]).
     Sliced,
     /// Per rank and iteration: the recorded slowdown, the CPU share the rank reported, and its
-    /// preemptions and share over the whole iteration (empty where the run did not record them).
+    /// preemptions and share over the whole iteration (empty where the run did not record them);
+    /// and the iteration of the run the replay starts at.
     Trace {
         factors: Vec<Vec<f64>>,
         shares: Vec<Vec<f64>>,
         freezes: [PerRank; 3],
+        start: usize,
     },
 }
 
@@ -795,9 +797,10 @@ impl Process {
             }
             Interference::Trace { path } => {
                 let (factors, shares, freezes) = trace_factors(path)?;
-                Process::Trace { factors, shares, freezes }
+                Process::Trace { start: replay_start(seed, &factors), factors, shares, freezes }
             }
             Interference::Series { factors, shares, preemptions, run_shares, run_seconds } => Process::Trace {
+                start: replay_start(seed, factors),
                 factors: factors.clone(),
                 shares: if shares.is_empty() { vec![vec![1.0]] } else { shares.clone() },
                 freezes: [preemptions.clone(), run_shares.clone(), run_seconds.clone()],
@@ -813,6 +816,17 @@ impl Process {
             }
         })
     }
+}
+
+/// Where a replayed run starts: its first iteration at the scenario's own seed 0, and at another
+/// seed a point of the run drawn by it. One run replayed from its start gives every seed the same
+/// iterations, and so an interval of no width about a result that a policy's slightest change moves
+/// by percents (a decision taken or not at one iteration changes every one after it); drawn
+/// starting points replay the same measured process from other points of it.
+fn replay_start(seed: u64, factors: &[Vec<f64>]) -> usize {
+    let len = factors.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    // Fibonacci hashing: seed 0 keeps its start, consecutive seeds spread over the run.
+    ((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % len as u64) as usize
 }
 
 impl Cluster {
@@ -911,7 +925,8 @@ impl Cluster {
                 }
                 Process::Sliced => {}
                 // A recorded run shows the CPU share its ranks reported, as the trainer's balancer saw it.
-                Process::Trace { factors: series, shares, freezes } => {
+                Process::Trace { factors: series, shares, freezes, start } => {
+                    let t = t + *start;
                     for r in 0..n {
                         let (f, s) = (&series[r % series.len()], &shares[r % shares.len()]);
                         let (f, s) = (f[t % f.len()], s[t % s.len()]);
@@ -974,8 +989,8 @@ impl Cluster {
                         combine(&mut atoms[r], &law);
                     }
                 }
-                Process::Trace { factors: series, .. } => {
-                    let before = t.saturating_sub(1);
+                Process::Trace { factors: series, start, .. } => {
+                    let before = (t + start).saturating_sub(1);
                     for (r, a) in atoms.iter_mut().enumerate() {
                         let f = &series[r % series.len()];
                         a.iter_mut().for_each(|x| x.1 *= f[before % f.len()]);
