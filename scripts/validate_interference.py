@@ -161,6 +161,16 @@ def freeze_length(c):
     return frozen[0] / frozen[1] if frozen[1] > 0 else None
 
 
+def throttle_length(c):
+    """One throttle of rank 1's quota group in bsp's runs, from the group's own counters
+    (`cpu.stat`: throttled seconds over throttled periods; None where the series did not record
+    them). The kernel's own figure: rank 1's off-CPU seconds per preemption, the fallback, read
+    longer than its throttles where both are known."""
+    runs = [r for r in ((c["summary"] or {}).get("runs") or []) if r.get("policy") == "bsp"]
+    n = sum(r.get("nr_throttled") or 0 for r in runs)
+    return sum(r.get("throttled_us") or 0 for r in runs) / n * 1e-6 if n else None
+
+
 def freeze_cost(c):
     """CPU seconds a freeze costs rank 1 on resuming, from the bsp runs (both ranks at the same size):
     its mean CPU seconds of compute beyond rank 0's, per freeze met (None where it meets fewer than
@@ -260,14 +270,16 @@ def main():
         refills[name] = own[name] if own[name] is not None else (st.mean(alike) if alike else 0.0)
         where = "" if own[name] is not None else " (the series' other conditions of its kind)" if alike else " (none measured)"
         print(f"{name}: a freeze costs rank 1 {1e3 * refills[name]:.3f} ms of CPU{where}")
-    # A quota: half of every period, as set; but the kernel enforces it in longer stretches than
-    # its period (its bandwidth slice is 5 ms), so the windows are as long as the freezes rank 1
-    # met in bsp's runs.
+    # A quota: half of every period, as set; but the kernel may enforce it in longer stretches than
+    # its period (its bandwidth slice is 5 ms), so the windows are as long as rank 1's group was
+    # throttled at a time in bsp's runs, else as the freezes rank 1 met there.
     windows = {}
     for name, c in conds.items():
         if name.startswith("quota"):
-            windows[name] = freeze_length(c) or (0.001 if name.startswith("quota2ms") else 0.05)
-            print(f"{name}: rank 1 frozen {1e3 * windows[name]:.2f} ms at a time in bsp's runs")
+            throttled, frozen = throttle_length(c), freeze_length(c)
+            windows[name] = throttled or frozen or (0.001 if name.startswith("quota2ms") else 0.05)
+            how = "throttled" if throttled else "frozen"
+            print(f"{name}: rank 1 {how} {1e3 * windows[name]:.2f} ms at a time in bsp's runs")
     print(f"{'condition':<16} {'real lbbsp/bsp (median, 95% CI)':>34} {'simulated (mean, seeds 2.5-97.5%)':>30}  within")
     for name, c in conds.items():
         m = measured[name]
