@@ -303,12 +303,13 @@ fn iteration(row: &[f64], phases: &[f64], sizes: &[usize], rho: f64, windows: &[
 /// The phases a decision averages each draw over: [`PHASES`] where the spread that some rank's
 /// windows `(L, a)` give a draw exceeds its noise in time (`σ_i` of its `t_i` seconds), else one.
 /// The drawn phase moves a draw by a whole window with the chance `p` that the iteration meets
-/// one (`t·(1 − a)/L` windows on average, at most ½ for the bound), a spread of `L·√(p(1 − p))`.
+/// one (`t·(1 − a)/L` windows on average, at most ½ for the bound), a spread of `L·√(p(1 − p))`,
+/// compared with the noise as a share of `t`.
 fn phases(windows: &[(f64, f64)], laws: &[Law], sizes: &[usize], rho: f64) -> usize {
     let chance = |(length, a): (f64, f64), t: f64| (t * (1.0 - a) / length).min(0.5);
     let time = |law: &Law, b: usize| mean_time(law) * (rho + b as f64);
-    let spread = |w: (f64, f64), t: f64| w.0 * (chance(w, t) - chance(w, t).powi(2)).sqrt();
-    let noisier = |((&w, law), &b): ((&(f64, f64), &Law), &usize)| spread(w, time(law, b)) > law.1 * time(law, b);
+    let relative = |w: (f64, f64), t: f64| w.0 / t * (chance(w, t) - chance(w, t).powi(2)).sqrt();
+    let noisier = |((&w, law), &b): ((&(f64, f64), &Law), &usize)| relative(w, time(law, b)) > law.1;
     [1, PHASES][usize::from(windows.iter().zip(laws).zip(sizes).any(noisier))]
 }
 
