@@ -165,8 +165,9 @@ def throttle_length(c):
     """One throttle of rank 1's quota group in bsp's runs, from the group's own counters
     (`cpu.stat`: throttled seconds over throttled periods; None where the series did not record
     them). The kernel's own figure: rank 1's off-CPU seconds per preemption, the fallback, read
-    longer than its throttles where both are known."""
-    runs = [r for r in ((c["summary"] or {}).get("runs") or []) if r.get("policy") == "bsp"]
+    longer than its throttles where both are known. bsp's own runs only, at the equal split: a
+    split held by replay (kind "st") is bsp's too."""
+    runs = [r for r in ((c["summary"] or {}).get("runs") or []) if r.get("policy") == "bsp" and r.get("kind") != "st"]
     n = sum(r.get("nr_throttled") or 0 for r in runs)
     return sum(r.get("throttled_us") or 0 for r in runs) / n * 1e-6 if n else None
 
