@@ -85,7 +85,8 @@ impl Shape {
     pub fn new(global_batch: usize, world: usize) -> Shape {
         let share = global_batch as f64 / world.max(1) as f64;
         let grid: Vec<f64> = std::iter::once(0.0).chain((-12..=8).map(|k| share * 2f64.powf(k as f64 / 2.0))).collect();
-        Shape { errors: vec![0.0; grid.len()], grid, stride: world.div_ceil(SHAPE_RANKS).max(1), ..Shape::default() }
+        let stride = world.div_ceil(SHAPE_RANKS).max(1);
+        Shape { errors: vec![0.0; grid.len()], grid, stride, ..Shape::default() }
     }
 
     /// `ρ`: the grid value of least error (0, proportional, until one is told apart).
@@ -220,7 +221,9 @@ impl Freezes {
     /// Private: after [`Freezes::observe`] it would count the iteration in its own spread, which is
     /// what `observe` returns the learned time to avoid.
     fn smoothed(&self, o: &super::Observation) -> f64 {
-        let (t, (length, a), (c, f)) = (o.compute_s, self.windows(), cpu_and_frozen(o));
+        let t = o.compute_s;
+        let (length, a) = self.windows();
+        let (c, f) = cpu_and_frozen(o);
         if length <= 0.0 || !c.is_finite() || c <= 0.0 {
             return t;
         }
@@ -268,9 +271,6 @@ pub struct RankModel {
     lifted: Option<(f64, f64)>,
     /// The mean lift of the rank's onsets.
     jump: f64,
-    /// The size the onsets' lifts were learned at (smoothed alike; 0 in a checkpoint from before
-    /// it was kept, which reshapes as the base).
-    jump_size: f64,
     /// Forgotten counts: base iterations and onsets after them, lifted iterations and ends after
     /// them.
     counts: [f64; 4],
@@ -309,12 +309,6 @@ impl RankModel {
         self.lifted.map(|(l, _)| l - self.base)
     }
 
-    /// Whether the current lift began in the last iteration: a job that comes within an iteration
-    /// lifts only its rest, and the lift's own level is yet to be seen.
-    pub fn fresh(&self) -> bool {
-        self.lifted.is_some() && self.lifted_for == 0
-    }
-
     /// The mean lift of the rank's onsets (the last ten weigh most), and how many it has had
     /// (forgotten).
     pub fn jump(&self) -> (f64, f64) {
@@ -339,9 +333,6 @@ impl RankModel {
         // The same time at the size `at` a level was learned at: `e^x·(before + at) = e^{x'}·(rho + at)`.
         let reshaped = |at: f64| ((before + at) / (rho + at)).ln();
         self.base += reshaped(self.base_size);
-        // A lift is the onset's level less the base's, each at its own size.
-        self.jump +=
-            reshaped(Some(self.jump_size).filter(|&s| s > 0.0).unwrap_or(self.base_size)) - reshaped(self.base_size);
         for (l, b) in self.lifted.iter_mut().chain(self.upper.iter_mut()) {
             *l += reshaped(*b);
         }
@@ -386,8 +377,7 @@ impl RankModel {
             }
         } else if lifted {
             self.counts[1] += 1.0;
-            let k = self.counts[1].min(10.0);
-            (self.jump, self.jump_size) = (self.jump + (d - self.jump) / k, self.jump_size + (b - self.jump_size) / k);
+            self.jump += (d - self.jump) / self.counts[1].min(10.0);
             (self.lifted, self.lifted_for) = (Some((x, b)), 0);
             return Some(d);
         } else {
