@@ -372,7 +372,8 @@ impl Balancer {
     /// short last batch of an epoch, the same shares above every rank's lower bound, so that the
     /// bounds hold there too.
     pub fn split(&self, total: usize) -> Vec<usize> {
-        crate::shard::rescale_above(&self.sizes, total, &self.bounds.iter().map(|b| b.0).collect::<Vec<usize>>())
+        let lows: Vec<usize> = self.bounds.iter().map(|b| b.0).collect();
+        crate::shard::rescale_above(&self.sizes, total, &lows)
     }
 
     /// Each rank's expected compute time as a line in its batch, under the model (for display and
@@ -620,7 +621,9 @@ impl Policy for Balancer {
                 let before = self.shape.rho();
                 self.shape.observe(&cpu);
                 let rho = self.shape.rho();
-                self.ranks.iter_mut().filter(|_| rho != before).for_each(|r| r.reshape(before, rho));
+                if rho != before {
+                    self.ranks.iter_mut().for_each(|r| r.reshape(before, rho));
+                }
                 self.shocks[0] = model::COUNT_FORGETTING * self.shocks[0] + self.independent;
                 self.shocks[1] *= model::COUNT_FORGETTING;
                 // A checkpoint from before freezes were measured has none.

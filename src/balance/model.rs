@@ -85,8 +85,7 @@ impl Shape {
     pub fn new(global_batch: usize, world: usize) -> Shape {
         let share = global_batch as f64 / world.max(1) as f64;
         let grid: Vec<f64> = std::iter::once(0.0).chain((-12..=8).map(|k| share * 2f64.powf(k as f64 / 2.0))).collect();
-        let stride = world.div_ceil(SHAPE_RANKS).max(1);
-        Shape { errors: vec![0.0; grid.len()], grid, stride, ..Shape::default() }
+        Shape { errors: vec![0.0; grid.len()], grid, stride: world.div_ceil(SHAPE_RANKS).max(1), ..Shape::default() }
     }
 
     /// `ρ`: the grid value of least error (0, proportional, until one is told apart).
@@ -221,9 +220,7 @@ impl Freezes {
     /// Private: after [`Freezes::observe`] it would count the iteration in its own spread, which is
     /// what `observe` returns the learned time to avoid.
     fn smoothed(&self, o: &super::Observation) -> f64 {
-        let t = o.compute_s;
-        let (length, a) = self.windows();
-        let (c, f) = cpu_and_frozen(o);
+        let (t, (length, a), (c, f)) = (o.compute_s, self.windows(), cpu_and_frozen(o));
         if length <= 0.0 || !c.is_finite() || c <= 0.0 {
             return t;
         }
