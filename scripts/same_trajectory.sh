@@ -4,12 +4,12 @@
 #
 #   scripts/same_trajectory.sh BASE        e.g. scripts/same_trajectory.sh 66316ae
 #
-# Runs, each on both builds:
-#   digits-mlp, 1 rank, policy lbbsp (200 iterations);
+# Runs, each on both builds and on every kernel tier this CPU has (`lbbsp isa`; TIERS="avx2"
+# narrows it):
+#   every shipped recipe in models/, 1 rank (40 iterations; digits-mlp 200);
 #   digits-mlp, 3 ranks under mpirun, policy lbbsp with rank 1 slowed 3× from iteration 20 (200
 #     iterations). A balanced split follows the run's timings, so this checkout replays BASE's
-#     batch sizes (`balance.replay`) and must then give BASE's losses exactly;
-#   mnist-lenet5, 1 rank (50 iterations).
+#     batch sizes (`balance.replay`) and must then give BASE's losses exactly.
 # BASE is built in a worktree under target/same-trajectory (its own target folder, reused).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,13 +54,21 @@ run_both() {  # NAME LAUNCH... -- ARGS...
   shift
   "${launch[@]}" "$old" train "$@" "${common[@]}" --metrics "$work/$name.base.jsonl"
   local extra=()
-  [ "$name" = digits-mlp-3-ranks ] && extra=(--set "balance.replay=$work/$name.base.jsonl")
+  case $name in digits-mlp-3-ranks*) extra=(--set "balance.replay=$work/$name.base.jsonl") ;; esac
   "${launch[@]}" "$new" train "$@" "${extra[@]}" "${common[@]}" --metrics "$work/$name.new.jsonl"
   compare "$name" "$work/$name.base.jsonl" "$work/$name.new.jsonl" || status=1
 }
 
-run_both digits-mlp-1-rank -- digits-mlp --set balance.policy=lbbsp --set train.max_iters=200
-run_both digits-mlp-3-ranks "${mpi[@]}" -- digits-mlp --threads 1 --set balance.policy=lbbsp \
-  --set train.max_iters=200 --slowdown 1:3@20
-run_both mnist-lenet5 -- mnist-lenet5 --set train.max_iters=50
+tiers=${TIERS:-$("$new" isa | sed -n 's/.*available=//p' | tr , ' ')}
+for isa in $tiers; do
+  export LBBSP_ISA=$isa
+  for recipe in models/*.toml; do
+    r=$(basename "$recipe" .toml)
+    iters=40
+    [ "$r" = digits-mlp ] && iters=200
+    run_both "$r-1-rank-$isa" -- "$recipe" --set balance.policy=lbbsp --set train.max_iters=$iters
+  done
+  run_both "digits-mlp-3-ranks-$isa" "${mpi[@]}" -- digits-mlp --threads 1 --set balance.policy=lbbsp \
+    --set train.max_iters=200 --slowdown 1:3@20
+done
 exit $status

@@ -8,22 +8,22 @@ use lbbsp::data::rng::Rng;
 use lbbsp::nn::chain::Chain;
 use lbbsp::nn::conv::Conv2d;
 use lbbsp::nn::dropout::Dropout;
-use lbbsp::nn::layers::{Flatten, Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
+use lbbsp::nn::layers::{Elementwise, Flatten, Grads, Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
 use lbbsp::nn::loss::Loss;
 use lbbsp::nn::model::{LayerSpec, Model, ModelSpec};
 use lbbsp::nn::norm::GroupNorm;
 use lbbsp::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 use lbbsp::nn::residual::Residual;
+use ndarray::{Array1, Array2};
 
 const MODE: Mode = Mode { train: true, seed: 0, epoch: 0 };
 
 /// Loss `Σ r ⊙ y(x, p)` in f64 from an f32 forward pass.
-fn projected(layer: &mut dyn Layer, p: &[f32], x: &[f32], r: &[f32], b: usize) -> f64 {
+fn projected(layer: &mut dyn Layer, p: &Array1<f32>, x: &Array2<f32>, r: &Array2<f32>) -> f64 {
     common::tier();
-    let mut y = vec![0.0; r.len()];
-    let ids: Vec<usize> = (0..b).collect();
-    let pass = Pass { mode: MODE, sample_ids: &ids };
-    layer.forward(p, x, &mut y, b, &pass);
+    let mut y = Array2::zeros(r.dim());
+    let ids: Vec<usize> = (0..x.nrows()).collect();
+    layer.forward(p.view(), x.view(), y.view_mut(), &Pass { mode: MODE, sample_ids: &ids });
     y.iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
 }
 
@@ -50,19 +50,21 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
     let mut rng = Rng::from_keys(&[43, in_len as u64]);
     let out_len: usize = layer.out_shape().iter().product();
     let n_params: usize = layer.param_shapes().iter().map(|(_, s)| s.iter().product::<usize>()).sum();
-    let mut p = vec![0.0; n_params];
-    layer.init(&mut p, &mut rng);
+    let mut p = Array1::zeros(n_params);
+    layer.init(p.view_mut(), &mut rng);
     // Move parameters off their initial values (GroupNorm starts at exactly γ = 1, β = 0).
     p.iter_mut().for_each(|v| *v += rng.uniform(0.3));
-    let x = x.to_vec();
-    let r: Vec<f32> = (0..b * out_len).map(|_| rng.uniform(1.0)).collect();
-    let mut y = vec![0.0; b * out_len];
+    let x = Array2::from_shape_vec((b, in_len), x.to_vec()).unwrap();
+    let r = Array2::from_shape_fn((b, out_len), |_| rng.uniform(1.0));
+    let mut y = Array2::zeros((b, out_len));
     let ids: Vec<usize> = (0..b).collect();
-    layer.forward(&p, &x, &mut y, b, &Pass { mode: MODE, sample_ids: &ids });
+    layer.forward(p.view(), x.view(), y.view_mut(), &Pass { mode: MODE, sample_ids: &ids });
     // Backward overwrites its outputs: start them at NaN.
-    let mut g = vec![f32::NAN; n_params];
-    let mut dx = vec![f32::NAN; b * in_len];
-    layer.backward(&p, &mut g, Io { x: &x, y: &y, b }, &r, Some(&mut dx));
+    let mut g = Array1::from_elem(n_params, f32::NAN);
+    let mut dx = Array2::from_elem((b, in_len), f32::NAN);
+    let grads = Grads { g: g.view_mut(), dx: Some(dx.view_mut()) };
+    layer.backward(p.view(), Io { x: x.view(), y: y.view() }, r.view(), grads);
+    let (g, dx) = (g.as_slice().unwrap(), dx.as_slice().unwrap());
 
     let eps = 1e-2f32;
     let mut worst = 0.0f64;
@@ -70,16 +72,16 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
         let (mut pp, mut pm) = (p.clone(), p.clone());
         pp[i] += eps;
         pm[i] -= eps;
-        let fd = (projected(layer, &pp, &x, &r, b) - projected(layer, &pm, &x, &r, b)) / (2.0 * eps as f64);
+        let fd = (projected(layer, &pp, &x, &r) - projected(layer, &pm, &x, &r)) / (2.0 * eps as f64);
         let err = (fd - g[i] as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
         assert!(err < 2e-3, "{} param {i}: finite difference {fd} vs backward {}", layer.kind(), g[i]);
     }
     for i in 0..x.len() {
         let (mut xp, mut xm) = (x.clone(), x.clone());
-        xp[i] += eps;
-        xm[i] -= eps;
-        let fd = (projected(layer, &p, &xp, &r, b) - projected(layer, &p, &xm, &r, b)) / (2.0 * eps as f64);
+        xp.as_slice_mut().unwrap()[i] += eps;
+        xm.as_slice_mut().unwrap()[i] -= eps;
+        let fd = (projected(layer, &p, &xp, &r) - projected(layer, &p, &xm, &r)) / (2.0 * eps as f64);
         let err = (fd - dx[i] as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
         assert!(err < 2e-3, "{} input {i}: finite difference {fd} vs backward {}", layer.kind(), dx[i]);
@@ -99,17 +101,17 @@ fn linear() {
 
 #[test]
 fn relu() {
-    check(&mut Relu { shape: vec![2, 3] }, 6, 3, true);
+    check(&mut Elementwise::<Relu>::new(vec![2, 3]), 6, 3, true);
 }
 
 #[test]
 fn tanh() {
-    check(&mut Tanh { shape: vec![6] }, 6, 3, false);
+    check(&mut Elementwise::<Tanh>::new(vec![6]), 6, 3, false);
 }
 
 #[test]
 fn silu() {
-    check(&mut Silu { shape: vec![2, 5] }, 10, 3, false);
+    check(&mut Elementwise::<Silu>::new(vec![2, 5]), 10, 3, false);
 }
 
 #[test]
@@ -175,7 +177,7 @@ fn residual_block() {
     let body: Vec<Box<dyn Layer>> = vec![
         Box::new(Conv2d::new([2, 5, 5], 4, 3, 2, 1)),
         Box::new(GroupNorm::new(2, vec![4, 3, 3])),
-        Box::new(Tanh { shape: vec![4, 3, 3] }),
+        Box::new(Elementwise::<Tanh>::new(vec![4, 3, 3])),
         Box::new(Conv2d::new([4, 3, 3], 4, 3, 1, 1)),
     ];
     let shortcut: Vec<Box<dyn Layer>> =
@@ -183,7 +185,7 @@ fn residual_block() {
     let mut block = Residual::new(Chain::new(&[2, 5, 5], body), Chain::new(&[2, 5, 5], shortcut));
     check(&mut block, 50, 3, false);
     let body: Vec<Box<dyn Layer>> =
-        vec![Box::new(Conv2d::new([3, 4, 4], 3, 3, 1, 1)), Box::new(Tanh { shape: vec![3, 4, 4] })];
+        vec![Box::new(Conv2d::new([3, 4, 4], 3, 3, 1, 1)), Box::new(Elementwise::<Tanh>::new(vec![3, 4, 4]))];
     let mut block = Residual::new(Chain::new(&[3, 4, 4], body), Chain::new(&[3, 4, 4], Vec::new()));
     check(&mut block, 48, 2, false);
 }

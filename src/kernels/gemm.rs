@@ -22,7 +22,15 @@ use crate::kernels::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::pack::{MR, NR};
 use crate::kernels::team;
-use crate::kernels::View;
+
+/// A strided read-only view of `op(X)`: element `(i, j)` is at `i·rs + j·cs`. The GEMM's own
+/// (its packing reads either layout of either operand); layers speak ndarray.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) rs: usize,
+    pub(crate) cs: usize,
+}
 
 /// Whether an operand is used as stored or transposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,14 +10,6 @@ pub mod isa;
 pub(crate) mod pack;
 pub(crate) mod team;
 
-/// A strided read-only view of `op(X)`: element `(i, j)` is at `i·rs + j·cs`.
-#[derive(Clone, Copy)]
-pub(crate) struct View<'a> {
-    pub(crate) data: &'a [f32],
-    pub(crate) rs: usize,
-    pub(crate) cs: usize,
-}
-
 /// Grows a cache to at least `n` elements (never shrinks, so a steady-state step allocates nothing
 /// once the largest batch has been seen).
 pub(crate) fn grow<T: Clone + Default>(cache: &mut Vec<T>, n: usize) {

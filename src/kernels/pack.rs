@@ -4,7 +4,7 @@
 //! a full vector whatever the layout.
 #![cfg(target_arch = "x86_64")]
 
-use crate::kernels::View;
+use crate::kernels::gemm::View;
 use std::arch::x86_64::*;
 
 /// Rows of the AVX-512 register tile (broadcast from packed A).

@@ -6,11 +6,17 @@
 //! source of truth: a nested tensor is just a sub-slice, named with dots (`body.0.weight`).
 
 use crate::data::rng::Rng;
-use crate::nn::layers::{Io, Layer, Pass};
+use crate::nn::layers::{Grads, Io, Layer, Pass};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use std::ops::Range;
 
-/// What [`Chain::walk_back`] does at a layer: `(layer, its parameter range, io, dy, dx)`.
-type Back<'f> = dyn FnMut(&mut dyn Layer, Range<usize>, Io, &[f32], Option<&mut [f32]>) + 'f;
+/// `b` rows of `d` floats at the start of `buf`, as a batch view.
+fn batch(buf: &[f32], b: usize, d: usize) -> ArrayView2<'_, f32> {
+    ArrayView2::from_shape((b, d), &buf[..b * d]).expect("an activation buffer holds its batch")
+}
+fn batch_mut(buf: &mut [f32], b: usize, d: usize) -> ArrayViewMut2<'_, f32> {
+    ArrayViewMut2::from_shape((b, d), &mut buf[..b * d]).expect("an activation buffer holds its batch")
+}
 
 pub struct Chain {
     layers: Vec<Box<dyn Layer>>,
@@ -79,10 +85,15 @@ impl Chain {
     }
 
     /// Initialises layer `i`'s parameters in `p` from the stream `stream(i)`.
-    pub fn init(&self, p: &mut [f32], mut stream: impl FnMut(usize) -> Rng) {
+    pub fn init(&self, mut p: ArrayViewMut1<f32>, mut stream: impl FnMut(usize) -> Rng) {
         for (i, l) in self.layers.iter().enumerate() {
-            l.init(&mut p[self.ranges[i].clone()], &mut stream(i));
+            l.init(p.slice_mut(ndarray::s![self.ranges[i].clone()]), &mut stream(i));
         }
+    }
+
+    /// Features per sample at boundary `i` (`0` the input).
+    fn width(&self, i: usize) -> usize {
+        self.shapes[i].iter().product()
     }
 
     /// Sizes the activation buffers for batches of up to `cap` rows (only grows).
@@ -102,39 +113,44 @@ impl Chain {
     }
 
     /// Output of the last forward pass, `b × out_len` (the chain must not be empty).
-    pub fn output(&self, b: usize) -> &[f32] {
-        &self.acts.last().expect("a non-empty chain")[..b * self.out_len()]
+    pub fn output(&self, b: usize) -> ArrayView2<'_, f32> {
+        batch(self.acts.last().expect("a non-empty chain"), b, self.out_len())
     }
 
-    /// `x: b × |input| →` [`Chain::output`]; `p` is the chain's parameter slice.
-    pub fn forward(&mut self, p: &[f32], x: &[f32], b: usize, pass: &Pass) {
+    /// `x: b × |input| →` [`Chain::output`]; `p` is the chain's part of the parameters.
+    pub fn forward(&mut self, p: ArrayView1<f32>, x: ArrayView2<f32>, pass: &Pass) {
+        let b = x.nrows();
         assert!(!self.is_empty() && b <= self.capacity, "chain: empty, or batch {b} above capacity {}", self.capacity);
-        assert_eq!(p.len(), self.n_params(), "chain: parameter slice");
+        assert_eq!((p.len(), x.ncols()), (self.n_params(), self.width(0)), "chain: parameters or input width");
         for i in 0..self.layers.len() {
             if self.home[i] != Some(i) {
                 continue;
             }
+            let (w_in, w_out) = (self.width(i), self.width(i + 1));
             let (done, rest) = self.acts.split_at_mut(i);
-            let input: &[f32] = match i.checked_sub(1).and_then(|j| self.home[j]) {
+            let input = match i.checked_sub(1).and_then(|j| self.home[j]) {
                 None => x,
-                Some(j) => &done[j],
+                Some(j) => batch(&done[j], b, w_in),
             };
-            self.layers[i].forward(&p[self.ranges[i].clone()], input, &mut rest[0], b, pass);
+            let y = batch_mut(&mut rest[0], b, w_out);
+            self.layers[i].forward(p.slice(ndarray::s![self.ranges[i].clone()]), input, y, pass);
         }
     }
 
     /// Backward through all layers from `dy = ∂L/∂output`: writes the parameter gradients into `g`
-    /// (the chain's gradient slice) and, when asked, `∂L/∂x` into `dx`. `x` is the input of the
-    /// forward pass just run.
-    pub fn backward(&mut self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], dx: Option<&mut [f32]>, b: usize) {
-        assert!(g.len() == self.n_params(), "chain: wrong gradient slice");
-        self.walk_back(x, dy, dx, b, &mut |layer, r, io, dy, dx| layer.backward(&p[r.clone()], &mut g[r], io, dy, dx));
-    }
-
-    /// Calls `back(layer, its parameter range, io, dy, dx)` for the layers from the top down.
-    fn walk_back(&mut self, x: &[f32], dy: &[f32], mut dx: Option<&mut [f32]>, b: usize, back: &mut Back) {
-        let n = self.layers.len();
-        assert!(n > 0, "chain: empty");
+    /// (the chain's part of the gradients) and, when asked, `∂L/∂x` into `dx`. `x` is the input of
+    /// the forward pass just run.
+    pub fn backward(
+        &mut self,
+        p: ArrayView1<f32>,
+        x: ArrayView2<f32>,
+        dy: ArrayView2<f32>,
+        mut g: ArrayViewMut1<f32>,
+        mut dx: Option<ArrayViewMut2<f32>>,
+    ) {
+        let (n, b) = (self.layers.len(), x.nrows());
+        assert!(n > 0 && g.len() == self.n_params(), "chain: empty, or wrong gradient slice");
+        assert_eq!(dy.dim(), (b, self.out_len()), "chain: output gradient");
         // Without a requested `dx`, nothing below the first layer with parameters needs a gradient:
         // that layer skips its input gradient (for W1 a third of the work) and those below are skipped.
         let lowest = if dx.is_some() { 0 } else { self.ranges.iter().position(|r| !r.is_empty()).unwrap_or(n) };
@@ -143,15 +159,19 @@ impl Chain {
                 continue;
             }
             let below_home = i.checked_sub(1).and_then(|j| self.home[j]);
-            let io = Io { x: below_home.map_or(x, |j| &self.acts[j]), y: &self.acts[i], b };
+            let (w_in, w_out) = (self.width(i), self.width(i + 1));
+            let io =
+                Io { x: below_home.map_or(x, |j| batch(&self.acts[j], b, w_in)), y: batch(&self.acts[i], b, w_out) };
             let (below, here) = self.dacts.split_at_mut(i);
-            let dy_i: &[f32] = if i == n - 1 { dy } else { &here[0] };
+            let dy_i = if i == n - 1 { dy } else { batch(&here[0], b, w_out) };
             let dx_i = match below_home {
                 _ if i > 0 && i == lowest => None,
                 None => dx.take(),
-                Some(j) => Some(&mut below[j][..]),
+                Some(j) => Some(batch_mut(&mut below[j], b, w_in)),
             };
-            back(self.layers[i].as_mut(), self.ranges[i].clone(), io, dy_i, dx_i);
+            let r = self.ranges[i].clone();
+            let (p_i, g_i) = (p.slice(ndarray::s![r.clone()]), g.slice_mut(ndarray::s![r]));
+            self.layers[i].backward(p_i, io, dy_i, Grads { g: g_i, dx: dx_i });
         }
     }
 }

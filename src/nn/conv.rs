@@ -32,7 +32,10 @@ use crate::kernels::correlate::{Direct, Scratch};
 use crate::kernels::gemm::{gemm, Trans};
 use crate::kernels::grow;
 use crate::kernels::team::{self, Pieces};
-use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{
+    batch_back, batch_of, flat, flat_mut, rows, rows_mut, Grads, Io, Layer, Pass, SAMPLES_PER_TASK,
+};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 /// Output side length of a convolution or pooling window sweep, `None` if the window does not fit.
 pub fn out_len(input: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
@@ -324,15 +327,16 @@ impl Layer for Conv2d {
         vec![("weight".into(), vec![self.out_channels, c, k, k]), ("bias".into(), vec![self.out_channels])]
     }
     /// PyTorch's default (kaiming-uniform with `a = √5`): weight and bias uniform in `±1/√(C·k·k)`.
-    fn init(&self, p: &mut [f32], rng: &mut Rng) {
+    fn init(&self, mut p: ArrayViewMut1<f32>, rng: &mut Rng) {
         let bound = 1.0 / (self.ckk() as f32).sqrt();
         p.iter_mut().for_each(|v| *v = rng.uniform(bound));
     }
     /// `x: B×C×H×W → y: B×O×H'×W'`.
-    fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
+    fn forward(&mut self, p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
         let (o, ckk, pix, in_len) = (self.out_channels, self.ckk(), self.pixels(), self.in_len());
+        let b = batch_of("conv2d", &x, &y, in_len, o * pix);
         assert_eq!(p.len(), o * ckk + o, "conv2d: parameter slice");
-        assert!(x.len() >= b * in_len && y.len() >= b * o * pix, "conv2d: batch buffers too small");
+        let (p, x, y) = (flat(p), rows(x), rows_mut(y));
         let (w, bias) = p.split_at(o * ckk);
         if let Some(d) = self.direct.take() {
             self.forward_direct(&d, (w, bias), &x[..b * in_len], &mut y[..b * o * pix]);
@@ -358,16 +362,16 @@ impl Layer for Conv2d {
         (self.cols, self.outs) = (cols, outs);
     }
     /// `∂W = Σ ∂Y·colᵀ`, `∂bias = Σ ∂Y`, `∂x = col2im(Wᵀ·∂Y)`.
-    fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        let b = io.b;
+    fn backward(&mut self, p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { g, dx }: Grads) {
+        let b = batch_back("conv2d", &io, &dy, &dx);
         let (o, ckk, pix, in_len) = (self.out_channels, self.ckk(), self.pixels(), self.in_len());
         assert_eq!(g.len(), o * ckk + o, "conv2d: gradient slice");
-        assert!(dy.len() >= b * o * pix && io.x.len() >= b * in_len, "conv2d: batch buffers too small");
+        let (p, g, x, dy, dx) = (flat(p), flat_mut(g), rows(io.x), rows(dy), dx.map(rows_mut));
         let w = &p[..o * ckk];
         let (per, tasks, part) = (SAMPLES_PER_TASK, b.div_ceil(SAMPLES_PER_TASK), o * ckk + o);
         grow(&mut self.partials, tasks * part);
         if let Some(d) = self.direct.take() {
-            self.backward_direct(&d, w, (&io.x[..b * in_len], &dy[..b * o * pix]), dx.map(|dx| &mut dx[..b * in_len]));
+            self.backward_direct(&d, w, (&x[..b * in_len], &dy[..b * o * pix]), dx.map(|dx| &mut dx[..b * in_len]));
             self.direct = Some(d);
             return self.sum_partials(g, tasks);
         }
@@ -399,7 +403,7 @@ impl Layer for Conv2d {
                 self.col2im(dcol, dx);
             }
         };
-        let split = self.tasks(io.x, b, &mut cols, &mut outs);
+        let split = self.tasks(x, b, &mut cols, &mut outs);
         let accs = Pieces::new(&mut partials[..tasks * part], part);
         let dcol_pieces = Pieces::new(&mut dcols[..if want_dx { tasks * ckk * per * pix } else { 0 }], ckk * per * pix);
         let dxs = dx.map(|dx| Pieces::new(&mut dx[..b * in_len], per * in_len));
@@ -421,6 +425,7 @@ impl Layer for Conv2d {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nn::layers::OnSlices;
 
     /// Every `(sample offset in x, weight index, output index)` triple of a direct convolution of
     /// one sample, padding taps left out.
@@ -465,7 +470,7 @@ mod tests {
                 let (ckk, il) = (c.ckk(), c.in_len());
                 let ol: usize = c.out_shape().iter().product();
                 let mut p = vec![0.0; o * ckk + o];
-                c.init(&mut p, &mut rng);
+                c.init(ndarray::ArrayViewMut1::from(&mut p[..]), &mut rng);
                 let x: Vec<f32> = (0..b * il).map(|_| rng.uniform(1.0)).collect();
                 let dy: Vec<f32> = (0..b * ol).map(|_| rng.uniform(1.0)).collect();
                 let ids: Vec<usize> = (0..b).collect();
@@ -480,10 +485,10 @@ mod tests {
                     vec![5.0; b.next_multiple_of(SAMPLES_PER_TASK) * ol],
                 );
                 let (mut y0, mut dx0) = (vec![0.0; b0 * ol], vec![0.0; b0 * il]);
-                c.forward(&p, &x0, &mut y0, b0, &pass);
-                c.backward(&p, &mut g, Io { x: &x0, y: &y0, b: b0 }, &dy0, Some(&mut dx0));
-                c.forward(&p, &x, &mut y, b, &pass);
-                c.backward(&p, &mut g, Io { x: &x, y: &y, b }, &dy, Some(&mut dx));
+                c.fwd(&p, &x0, &mut y0, b0, &pass);
+                c.bwd(&p, &mut g, &x0, &y0, &dy0, Some(&mut dx0), b0);
+                c.fwd(&p, &x, &mut y, b, &pass);
+                c.bwd(&p, &mut g, &x, &y, &dy, Some(&mut dx), b);
                 // Direct loops, in f64.
                 let mut want_y: Vec<f64> = (0..b * ol).map(|i| p[o * ckk + (i % ol) / c.pixels()] as f64).collect();
                 let mut want_g = vec![0.0f64; p.len()];

@@ -16,7 +16,8 @@
 use crate::data::rng::Rng;
 use crate::kernels::grow;
 use crate::kernels::team;
-use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{batch_back, batch_of, rows, rows_mut, Grads, Io, Layer, Pass, SAMPLES_PER_TASK};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2};
 
 /// `y = x ⊙ m / (1 − p)` with `m_j ~ Bernoulli(1 − p)` in training, `y = x` in evaluation; shape
 /// preserved (`B×D → B×D`, any per-sample shape).
@@ -51,9 +52,10 @@ impl Layer for Dropout {
         self.shape.clone()
     }
     /// `x: B×D → y: B×D`.
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass) {
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, pass: &Pass) {
         let d = self.features();
-        assert!(x.len() >= b * d && y.len() >= b * d, "dropout: batch buffers too small");
+        let b = batch_of("dropout", &x, &y, d, d);
+        let (x, y) = (rows(x), rows_mut(y));
         assert_eq!(pass.sample_ids.len(), b, "dropout: one sample id per row");
         self.masked = pass.mode.train && self.p > 0.0;
         if !self.masked {
@@ -77,9 +79,11 @@ impl Layer for Dropout {
         });
     }
     /// `∂x = ∂y ⊙ m / (1 − p)` (the identity after an evaluation pass).
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        let b = batch_back("dropout", &io, &dy, &dx);
         let Some(dx) = dx else { return };
-        let n = io.b * self.features();
+        let (dx, dy) = (rows_mut(dx), rows(dy));
+        let n = b * self.features();
         if !self.masked {
             dx[..n].copy_from_slice(&dy[..n]);
             return;
@@ -95,12 +99,13 @@ impl Layer for Dropout {
 mod tests {
     use super::*;
     use crate::nn::layers::Mode;
+    use crate::nn::layers::OnSlices;
 
     fn run(d: &mut Dropout, ids: &[usize], train: bool) -> Vec<f32> {
         let x = vec![1.0; ids.len() * 1000];
         let mut y = vec![0.0; x.len()];
         let mode = Mode { train, seed: 3, epoch: 1 };
-        d.forward(&[], &x, &mut y, ids.len(), &Pass { mode, sample_ids: ids });
+        d.fwd(&[], &x, &mut y, ids.len(), &Pass { mode, sample_ids: ids });
         y
     }
 

@@ -1,10 +1,19 @@
-//! Layers as explicit forward/backward pairs over row-major mini-batches.
+//! Layers as explicit forward/backward pairs over ndarray views of row-major mini-batches.
 //!
-//! A mini-batch is `b` rows of per-sample features. A layer maps `B×D_in → B×D_out`; it reads its
-//! parameters from its slice `p` of the model's flat parameter buffer and writes parameter gradients
-//! into the matching slice `g` of the flat gradient buffer (overwriting: every parameter is used by
-//! exactly one layer). The model owns the activation buffers and hands each layer its input `x` and
-//! output `y`; layers that need more than that keep an explicit cache of their own.
+//! A mini-batch is an `ArrayView2` of `b` rows of per-sample features. A layer maps `B×D_in →
+//! B×D_out`:
+//!
+//! ```text
+//!     forward   (p, x)      → y             p: its parameters, x: B×D_in, y: B×D_out
+//!     backward  (p, x, y, ∂y) → (∂p, ∂x)    ∂x only when asked
+//! ```
+//!
+//! `p` is the layer's part of the model's flat parameter buffer and `∂p` the matching part of the
+//! flat gradient buffer (overwritten: every parameter is used by exactly one layer), both as 1-D
+//! views. The model owns the activation buffers and hands each layer its input and output; layers
+//! that need more than that keep an explicit cache of their own. The kernels keep their slice and
+//! stride entry points: a layer takes the views' row-major slices ([`rows`], [`rows_mut`]) and
+//! feeds them in, so the views cost only a shape check.
 //!
 //! Images stay rows too: a sample of shape `[C, H, W]` is `C·H·W` floats, channel first (NCHW), so
 //! `B×C×H×W` is a `B × (C·H·W)` matrix and every layer knows its per-sample input shape. This file
@@ -14,7 +23,8 @@
 use crate::data::rng::Rng;
 use crate::kernels::gemm::{gemm, Trans};
 use crate::kernels::team;
-use ndarray::{ArrayView2, ArrayViewMut2, Zip};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+use std::marker::PhantomData;
 
 /// How a batch is run: training or evaluation, and the keys of per-sample randomness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,12 +43,20 @@ pub struct Pass<'a> {
     pub sample_ids: &'a [usize],
 }
 
-/// A layer's input and output for one batch of `b` rows.
+/// The forward pass that a backward pass differentiates: its input `x: B×D_in` and output
+/// `y: B×D_out`.
 #[derive(Debug, Clone, Copy)]
 pub struct Io<'a> {
-    pub x: &'a [f32],
-    pub y: &'a [f32],
-    pub b: usize,
+    pub x: ArrayView2<'a, f32>,
+    pub y: ArrayView2<'a, f32>,
+}
+
+/// What a backward pass writes: `∂L/∂p` into `g`, the layer's part of the flat gradient buffer
+/// (overwritten), and `∂L/∂x: B×D_in` into `dx` when the layer below needs it.
+#[derive(Debug)]
+pub struct Grads<'a> {
+    pub g: ArrayViewMut1<'a, f32>,
+    pub dx: Option<ArrayViewMut2<'a, f32>>,
 }
 
 pub trait Layer: Send {
@@ -52,11 +70,12 @@ pub trait Layer: Send {
         Vec::new()
     }
     /// Writes initial parameters into `p` from the stream `rng`.
-    fn init(&self, _p: &mut [f32], _rng: &mut Rng) {}
-    /// `x: b×D_in → y: b×D_out`.
-    fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass);
-    /// Given `dy = ∂L/∂y`, writes `∂L/∂p` into `g` and, when asked, `∂L/∂x` into `dx`.
-    fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>);
+    fn init(&self, _p: ArrayViewMut1<f32>, _rng: &mut Rng) {}
+    /// `x: B×D_in → y: B×D_out`, with parameters `p`.
+    fn forward(&mut self, p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, pass: &Pass);
+    /// Given the forward pass `io` and `dy = ∂L/∂y`, writes `∂L/∂p` and, when asked, `∂L/∂x`
+    /// into `grads`.
+    fn backward(&mut self, p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, grads: Grads);
     /// True for a layer whose output is its input, reshaped (its forward and backward copy): a
     /// chain then skips it and hands the layer above the input's buffer itself.
     fn is_reshape(&self) -> bool {
@@ -64,11 +83,48 @@ pub trait Layer: Send {
     }
 }
 
-fn view2(s: &[f32], rows: usize, cols: usize) -> ArrayView2<'_, f32> {
-    ArrayView2::from_shape((rows, cols), &s[..rows * cols]).expect("row-major view")
+/// The row-major floats behind a batch, for the kernels' slice entry points. Every batch the chain
+/// hands out is one contiguous buffer, so this is a check, not a copy.
+pub fn rows<'a>(v: ArrayView2<'a, f32>) -> &'a [f32] {
+    v.to_slice().expect("a batch view is row-major and contiguous")
 }
-fn view2_mut(s: &mut [f32], rows: usize, cols: usize) -> ArrayViewMut2<'_, f32> {
-    ArrayViewMut2::from_shape((rows, cols), &mut s[..rows * cols]).expect("row-major view")
+/// [`rows`] for an output.
+pub fn rows_mut<'a>(v: ArrayViewMut2<'a, f32>) -> &'a mut [f32] {
+    v.into_slice().expect("a batch view is row-major and contiguous")
+}
+/// The floats of a layer's parameters (or gradients): a contiguous part of the flat buffer.
+pub fn flat<'a>(v: ArrayView1<'a, f32>) -> &'a [f32] {
+    v.to_slice().expect("a parameter view is contiguous")
+}
+/// [`flat`] for a gradient.
+pub fn flat_mut<'a>(v: ArrayViewMut1<'a, f32>) -> &'a mut [f32] {
+    v.into_slice().expect("a parameter view is contiguous")
+}
+
+/// Asserts a forward pass's shapes (`x: b×d_in`, `y: b×d_out`) once at a layer's entry, and
+/// returns `b`.
+pub fn batch_of(kind: &str, x: &ArrayView2<f32>, y: &ArrayViewMut2<f32>, d_in: usize, d_out: usize) -> usize {
+    let b = x.nrows();
+    assert!(
+        x.ncols() == d_in && y.dim() == (b, d_out),
+        "{kind}: input {:?} and output {:?} for {d_in} → {d_out} features",
+        x.dim(),
+        y.dim()
+    );
+    b
+}
+
+/// Asserts a backward pass's shapes against its forward pass, and returns `b`.
+pub fn batch_back(kind: &str, io: &Io, dy: &ArrayView2<f32>, dx: &Option<ArrayViewMut2<f32>>) -> usize {
+    let b = io.x.nrows();
+    assert!(
+        io.y.nrows() == b && dy.dim() == io.y.dim() && dx.as_ref().is_none_or(|dx| dx.dim() == io.x.dim()),
+        "{kind}: backward shapes x {:?}, y {:?}, dy {:?}",
+        io.x.dim(),
+        io.y.dim(),
+        dy.dim()
+    );
+    b
 }
 
 /// Fully connected: `y = x·Wᵀ + bias`, `W: out×in` (PyTorch layout), `B×in → B×out`.
@@ -89,29 +145,30 @@ impl Layer for Linear {
         vec![("weight".into(), vec![self.out, self.inp]), ("bias".into(), vec![self.out])]
     }
     /// PyTorch's default: weight and bias uniform in `±1/√in`.
-    fn init(&self, p: &mut [f32], rng: &mut Rng) {
+    fn init(&self, mut p: ArrayViewMut1<f32>, rng: &mut Rng) {
         let bound = 1.0 / (self.inp as f32).sqrt();
         p.iter_mut().for_each(|v| *v = rng.uniform(bound));
     }
-    fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
-        let (w, bias) = p.split_at(self.out * self.inp);
-        let y = &mut y[..b * self.out];
-        gemm(Trans::N, Trans::T, b, self.out, self.inp, 1.0, &x[..b * self.inp], w, 0.0, y);
+    fn forward(&mut self, p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
+        let b = batch_of("linear", &x, &y, self.inp, self.out);
+        let (w, bias) = flat(p).split_at(self.out * self.inp);
+        let y = rows_mut(y);
+        gemm(Trans::N, Trans::T, b, self.out, self.inp, 1.0, rows(x), w, 0.0, y);
         for row in y.chunks_exact_mut(self.out) {
             row.iter_mut().zip(bias).for_each(|(v, bb)| *v += bb);
         }
     }
-    fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        let b = io.b;
-        let dy = &dy[..b * self.out];
-        let (gw, gb) = g.split_at_mut(self.out * self.inp);
+    fn backward(&mut self, p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { g, dx }: Grads) {
+        let b = batch_back("linear", &io, &dy, &dx);
+        let dy = rows(dy);
+        let (gw, gb) = flat_mut(g).split_at_mut(self.out * self.inp);
         // dW (out×in) = dyᵀ (out×b) · x (b×in)
-        gemm(Trans::T, Trans::N, self.out, self.inp, b, 1.0, dy, &io.x[..b * self.inp], 0.0, gw);
+        gemm(Trans::T, Trans::N, self.out, self.inp, b, 1.0, dy, rows(io.x), 0.0, gw);
         column_sums(dy, gb);
         if let Some(dx) = dx {
             // dx (b×in) = dy (b×out) · W (out×in)
-            let w = &p[..self.out * self.inp];
-            gemm(Trans::N, Trans::N, b, self.inp, self.out, 1.0, dy, w, 0.0, &mut dx[..b * self.inp]);
+            let w = &flat(p)[..self.out * self.inp];
+            gemm(Trans::N, Trans::N, b, self.inp, self.out, 1.0, dy, w, 0.0, rows_mut(dx));
         }
     }
 }
@@ -124,104 +181,104 @@ fn column_sums(dy: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Element-wise `max(x, 0)`; shape preserved.
-#[derive(Debug, Clone)]
-pub struct Relu {
-    pub shape: Vec<usize>,
+/// A function applied to every element, and its derivative: what makes an element-wise layer.
+pub trait Activation: Send + Sync + 'static {
+    const KIND: &'static str;
+    /// `y = f(x)`.
+    fn f(x: f32) -> f32;
+    /// `∂x = ∂y · f'(x)`, given the forward pass's `x` and `y` (whichever is cheaper to use).
+    fn df(dy: f32, x: f32, y: f32) -> f32;
 }
 
-impl Layer for Relu {
-    fn kind(&self) -> &'static str {
-        "relu"
+/// An element-wise layer, `B×D → B×D` with any per-sample shape: `y = f(x)`, `∂x = ∂y · f'(x)`.
+#[derive(Debug, Clone)]
+pub struct Elementwise<F> {
+    pub shape: Vec<usize>,
+    f: PhantomData<F>,
+}
+
+impl<F> Elementwise<F> {
+    pub fn new(shape: Vec<usize>) -> Elementwise<F> {
+        Elementwise { shape, f: PhantomData }
     }
-    fn out_shape(&self) -> Vec<usize> {
-        self.shape.clone()
+}
+
+/// `max(x, 0)`.
+#[derive(Debug, Clone)]
+pub struct Relu;
+/// `tanh(x)`.
+#[derive(Debug, Clone)]
+pub struct Tanh;
+/// SiLU (swish), `x·σ(x)`. Smooth, unlike relu: a rounding-level change of its input moves its
+/// output and derivative by as little, with no kink to cross, so networks built on it keep
+/// float-rounding differences (e.g. between two splits of a batch) small.
+#[derive(Debug, Clone)]
+pub struct Silu;
+
+impl Activation for Relu {
+    const KIND: &'static str = "relu";
+    fn f(x: f32) -> f32 {
+        x.max(0.0)
     }
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
-        let n = b * self.shape.iter().product::<usize>();
-        let c = ELEMENTWISE_CHUNK;
-        team::zip_chunks_mut([&mut y[..n]], c, &|i, [y]| {
-            y.iter_mut().zip(&x[i * c..]).for_each(|(y, &x)| *y = x.max(0.0));
-        });
-    }
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        if let Some(dx) = dx {
-            let n = io.b * self.shape.iter().product::<usize>();
-            let c = ELEMENTWISE_CHUNK;
-            team::zip_chunks_mut([&mut dx[..n]], c, &|i, [dx]| {
-                for ((dx, &dy), &y) in dx.iter_mut().zip(&dy[i * c..]).zip(&io.y[i * c..]) {
-                    *dx = if y > 0.0 { dy } else { 0.0 };
-                }
-            });
+    fn df(dy: f32, _x: f32, y: f32) -> f32 {
+        if y > 0.0 {
+            dy
+        } else {
+            0.0
         }
     }
 }
 
-/// Element-wise `tanh(x)`; shape preserved.
-#[derive(Debug, Clone)]
-pub struct Tanh {
-    pub shape: Vec<usize>,
-}
-
-impl Layer for Tanh {
-    fn kind(&self) -> &'static str {
-        "tanh"
+impl Activation for Tanh {
+    const KIND: &'static str = "tanh";
+    fn f(x: f32) -> f32 {
+        x.tanh()
     }
-    fn out_shape(&self) -> Vec<usize> {
-        self.shape.clone()
-    }
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
-        let d = self.shape.iter().product::<usize>();
-        Zip::from(view2_mut(y, b, d)).and(view2(x, b, d)).for_each(|y, &x| *y = x.tanh());
-    }
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        if let Some(dx) = dx {
-            let d = self.shape.iter().product::<usize>();
-            Zip::from(view2_mut(dx, io.b, d))
-                .and(view2(dy, io.b, d))
-                .and(view2(io.y, io.b, d))
-                .for_each(|dx, &dy, &y| *dx = dy * (1.0 - y * y));
-        }
+    fn df(dy: f32, _x: f32, y: f32) -> f32 {
+        dy * (1.0 - y * y)
     }
 }
 
-/// Element-wise SiLU (swish), `x·σ(x)`; shape preserved. Smooth, unlike relu: a rounding-level
-/// change of its input moves its output and derivative by as little, with no kink to cross, so
-/// networks built on it keep float-rounding differences (e.g. between two splits of a batch) small.
-#[derive(Debug, Clone)]
-pub struct Silu {
-    pub shape: Vec<usize>,
+impl Activation for Silu {
+    const KIND: &'static str = "silu";
+    fn f(x: f32) -> f32 {
+        x * sigmoid(x)
+    }
+    /// `∂x = ∂y · σ(x)·(1 + x·(1 − σ(x)))`.
+    fn df(dy: f32, x: f32, _y: f32) -> f32 {
+        let s = sigmoid(x);
+        dy * s * (1.0 + x * (1.0 - s))
+    }
 }
 
 /// Elements per team task of the element-wise layers (the inner loops vectorise).
 const ELEMENTWISE_CHUNK: usize = 1 << 14;
 
-impl Layer for Silu {
+impl<F: Activation> Layer for Elementwise<F> {
     fn kind(&self) -> &'static str {
-        "silu"
+        F::KIND
     }
     fn out_shape(&self) -> Vec<usize> {
         self.shape.clone()
     }
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
-        let n = b * self.shape.iter().product::<usize>();
-        let c = ELEMENTWISE_CHUNK;
-        team::zip_chunks_mut([&mut y[..n]], c, &|i, [y]| {
-            y.iter_mut().zip(&x[i * c..]).for_each(|(y, &x)| *y = x * sigmoid(x));
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
+        let d = self.shape.iter().product();
+        batch_of(F::KIND, &x, &y, d, d);
+        let (x, c) = (rows(x), ELEMENTWISE_CHUNK);
+        team::zip_chunks_mut([rows_mut(y)], c, &|i, [y]| {
+            y.iter_mut().zip(&x[i * c..]).for_each(|(y, &x)| *y = F::f(x));
         });
     }
-    /// `∂x = ∂y · σ(x)·(1 + x·(1 − σ(x)))`.
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        if let Some(dx) = dx {
-            let n = io.b * self.shape.iter().product::<usize>();
-            let c = ELEMENTWISE_CHUNK;
-            team::zip_chunks_mut([&mut dx[..n]], c, &|i, [dx]| {
-                for ((dx, &dy), &x) in dx.iter_mut().zip(&dy[i * c..]).zip(&io.x[i * c..]) {
-                    let s = sigmoid(x);
-                    *dx = dy * s * (1.0 + x * (1.0 - s));
-                }
-            });
-        }
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        batch_back(F::KIND, &io, &dy, &dx);
+        let Some(dx) = dx else { return };
+        let (x, y, dy, c) = (rows(io.x), rows(io.y), rows(dy), ELEMENTWISE_CHUNK);
+        team::zip_chunks_mut([rows_mut(dx)], c, &|i, [dx]| {
+            let fwd = x[i * c..].iter().zip(&y[i * c..]);
+            for ((dx, &dy), (&x, &y)) in dx.iter_mut().zip(&dy[i * c..]).zip(fwd) {
+                *dx = F::df(dy, x, y);
+            }
+        });
     }
 }
 
@@ -262,14 +319,14 @@ impl Layer for Flatten {
     fn out_shape(&self) -> Vec<usize> {
         vec![self.features]
     }
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
-        let n = b * self.features;
-        y[..n].copy_from_slice(&x[..n]);
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, mut y: ArrayViewMut2<f32>, _pass: &Pass) {
+        batch_of("flatten", &x, &y, self.features, self.features);
+        y.assign(&x);
     }
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        if let Some(dx) = dx {
-            let n = io.b * self.features;
-            dx[..n].copy_from_slice(&dy[..n]);
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        batch_back("flatten", &io, &dy, &dx);
+        if let Some(mut dx) = dx {
+            dx.assign(&dy);
         }
     }
 }
@@ -278,6 +335,31 @@ impl Layer for Flatten {
 /// enough work per task to cover the hand-over, and fixed, so a convolution's weight gradient
 /// (summed per task, then over tasks in order) does not depend on the number of threads.
 pub const SAMPLES_PER_TASK: usize = 8;
+
+/// Runs a layer on plain buffers of `b` rows (for unit tests written against known values).
+#[cfg(test)]
+pub(crate) trait OnSlices {
+    fn fwd(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass);
+    #[allow(clippy::too_many_arguments)]
+    fn bwd(&mut self, p: &[f32], g: &mut [f32], x: &[f32], y: &[f32], dy: &[f32], dx: Option<&mut [f32]>, b: usize);
+}
+
+#[cfg(test)]
+impl<L: Layer + ?Sized> OnSlices for L {
+    fn fwd(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass) {
+        let (d_in, d_out) = (x.len() / b, y.len() / b);
+        let x = ArrayView2::from_shape((b, d_in), x).unwrap();
+        self.forward(p.into(), x, ArrayViewMut2::from_shape((b, d_out), y).unwrap(), pass);
+    }
+    fn bwd(&mut self, p: &[f32], g: &mut [f32], x: &[f32], y: &[f32], dy: &[f32], dx: Option<&mut [f32]>, b: usize) {
+        let (d_in, d_out) = (x.len() / b, y.len() / b);
+        let io =
+            Io { x: ArrayView2::from_shape((b, d_in), x).unwrap(), y: ArrayView2::from_shape((b, d_out), y).unwrap() };
+        let dy = ArrayView2::from_shape((b, d_out), dy).unwrap();
+        let dx = dx.map(|dx| ArrayViewMut2::from_shape((b, d_in), dx).unwrap());
+        self.backward(p.into(), io, dy, Grads { g: g.into(), dx });
+    }
+}
 
 #[cfg(test)]
 mod tests {

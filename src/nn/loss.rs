@@ -3,6 +3,8 @@
 //! A rank's contribution to the global gradient is `Σ_{its samples} ∂ℓ/∂θ / B`, so the loss writes
 //! `∂ℓ_j/∂z_j · scale` with `scale = 1/B` (the global batch), never `1/b_i` (its own slice).
 
+use crate::nn::layers::{rows, rows_mut};
+use ndarray::{ArrayView2, ArrayViewMut2};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,20 +32,20 @@ impl Loss {
         }
     }
 
-    /// Loss sum and correct count over `b` rows of `logits` (`b × width`); when `dlogits` is given,
-    /// writes `scale · ∂ℓ_j/∂z_j` into it.
+    /// Loss sum and correct count over the `b` rows of `logits` (`b × width`) against their
+    /// `labels`; when `dlogits` (`b × width`) is given, writes `scale · ∂ℓ_j/∂z_j` into it.
     pub fn evaluate(
         &self,
-        logits: &[f32],
+        logits: ArrayView2<f32>,
         labels: &[u32],
-        width: usize,
         scale: f32,
-        dlogits: Option<&mut [f32]>,
+        dlogits: Option<ArrayViewMut2<f32>>,
     ) -> LossStats {
-        let b = labels.len();
-        assert_eq!(logits.len(), b * width, "loss: logits are not b×width");
+        let (b, width) = logits.dim();
+        assert_eq!(labels.len(), b, "loss: one label per row of logits");
+        assert!(dlogits.as_ref().is_none_or(|d| d.dim() == (b, width)), "loss: dlogits are not b×width");
         let mut st = LossStats::default();
-        let mut grad = dlogits.map(|d| &mut d[..b * width]);
+        let (logits, mut grad) = (rows(logits), dlogits.map(rows_mut));
         for (j, (z, &y)) in logits.chunks_exact(width).zip(labels).enumerate() {
             let y = y as usize;
             match self {
@@ -89,17 +91,33 @@ impl Loss {
 mod tests {
     use super::*;
 
+    fn eval(loss: Loss, logits: &[f32], labels: &[u32], width: usize, g: Option<&mut [f32]>) -> LossStats {
+        eval_scaled(loss, logits, labels, width, 1.0, g)
+    }
+
+    fn eval_scaled(
+        loss: Loss,
+        z: &[f32],
+        labels: &[u32],
+        width: usize,
+        scale: f32,
+        g: Option<&mut [f32]>,
+    ) -> LossStats {
+        let z = ArrayView2::from_shape((labels.len(), width), z).unwrap();
+        let g = g.map(|g| ArrayViewMut2::from_shape((labels.len(), width), g).unwrap());
+        loss.evaluate(z, labels, scale, g)
+    }
+
     fn check_grad(loss: Loss, logits: &[f32], labels: &[u32], width: usize) {
         let mut g = vec![0.0; logits.len()];
-        loss.evaluate(logits, labels, width, 1.0, Some(&mut g));
+        eval(loss, logits, labels, width, Some(&mut g));
         let eps = 1e-2f32;
         for i in 0..logits.len() {
             let mut zp = logits.to_vec();
             zp[i] += eps;
             let mut zm = logits.to_vec();
             zm[i] -= eps;
-            let fd = (loss.evaluate(&zp, labels, width, 1.0, None).loss_sum
-                - loss.evaluate(&zm, labels, width, 1.0, None).loss_sum)
+            let fd = (eval(loss, &zp, labels, width, None).loss_sum - eval(loss, &zm, labels, width, None).loss_sum)
                 / (2.0 * eps as f64);
             assert!((fd - g[i] as f64).abs() < 1e-3, "{loss:?} dz[{i}]: fd {fd} vs {}", g[i]);
         }
@@ -117,12 +135,12 @@ mod tests {
 
     #[test]
     fn extreme_logits_stay_finite() {
-        let st = Loss::SoftmaxCrossEntropy.evaluate(&[1000.0, -1000.0], &[1], 2, 1.0, None);
+        let st = eval(Loss::SoftmaxCrossEntropy, &[1000.0, -1000.0], &[1], 2, None);
         assert!((st.loss_sum - 2000.0).abs() < 1e-3);
-        let st = Loss::Logistic.evaluate(&[-500.0, 500.0], &[1, 0], 1, 1.0, None);
+        let st = eval(Loss::Logistic, &[-500.0, 500.0], &[1, 0], 1, None);
         assert!((st.loss_sum - 1000.0).abs() < 1e-3, "{}", st.loss_sum);
         let mut g = vec![0.0; 2];
-        Loss::Logistic.evaluate(&[-500.0, 500.0], &[1, 0], 1, 0.5, Some(&mut g));
+        eval_scaled(Loss::Logistic, &[-500.0, 500.0], &[1, 0], 1, 0.5, Some(&mut g));
         assert_eq!(g, vec![-0.5, 0.5]);
     }
 
@@ -130,8 +148,8 @@ mod tests {
     fn scale_is_applied_to_gradients_not_to_the_loss_sum() {
         let mut g1 = vec![0.0; 3];
         let mut g2 = vec![0.0; 3];
-        let a = Loss::SoftmaxCrossEntropy.evaluate(&[0.1, 0.2, 0.3], &[1], 3, 1.0, Some(&mut g1));
-        let b = Loss::SoftmaxCrossEntropy.evaluate(&[0.1, 0.2, 0.3], &[1], 3, 0.25, Some(&mut g2));
+        let a = eval(Loss::SoftmaxCrossEntropy, &[0.1, 0.2, 0.3], &[1], 3, Some(&mut g1));
+        let b = eval_scaled(Loss::SoftmaxCrossEntropy, &[0.1, 0.2, 0.3], &[1], 3, 0.25, Some(&mut g2));
         assert_eq!(a.loss_sum, b.loss_sum);
         for (x, y) in g1.iter().zip(&g2) {
             assert!((x * 0.25 - y).abs() < 1e-7);

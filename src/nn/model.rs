@@ -15,12 +15,13 @@ use crate::error::{Error, Result};
 use crate::nn::chain::Chain;
 use crate::nn::conv::{out_len, Conv2d};
 use crate::nn::dropout::Dropout;
-use crate::nn::layers::{Flatten, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
+use crate::nn::layers::{Elementwise, Flatten, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
 use crate::nn::loss::{Loss, LossStats};
 use crate::nn::norm::GroupNorm;
 use crate::nn::params::ParamTable;
 use crate::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 use crate::nn::residual::Residual;
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use serde::{Deserialize, Serialize};
 
 /// One layer of a recipe's `[model] layers` list (`{ type = "conv2d", out_channels = 6, kernel = 5 }`).
@@ -157,9 +158,9 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
             at_least_one(*out, format!("{at}.out"))?;
             Box::new(Linear { inp: feat, out: *out })
         }
-        LayerSpec::Relu => Box::new(Relu { shape: shape.to_vec() }),
-        LayerSpec::Silu => Box::new(Silu { shape: shape.to_vec() }),
-        LayerSpec::Tanh => Box::new(Tanh { shape: shape.to_vec() }),
+        LayerSpec::Relu => Box::new(Elementwise::<Relu>::new(shape.to_vec())),
+        LayerSpec::Silu => Box::new(Elementwise::<Silu>::new(shape.to_vec())),
+        LayerSpec::Tanh => Box::new(Elementwise::<Tanh>::new(shape.to_vec())),
         LayerSpec::Flatten => Box::new(Flatten { features: feat }),
         LayerSpec::Conv2d { out_channels, kernel, stride, padding } => {
             let input = image("conv2d", shape, at)?;
@@ -272,7 +273,7 @@ impl Model {
         }
         debug_assert_eq!(table.len(), chain.n_params());
         let mut params = vec![0.0; table.len()];
-        chain.init(&mut params, |i| Rng::from_keys(&[seed, 0x1417, i as u64]));
+        chain.init(ArrayViewMut1::from(&mut params[..]), |i| Rng::from_keys(&[seed, 0x1417, i as u64]));
         let grads = vec![0.0; table.len()];
         let mut m = Model {
             table,
@@ -321,21 +322,20 @@ impl Model {
     }
 
     /// Logits of the last forward pass (`b × output_dim`).
-    pub fn logits(&self, b: usize) -> &[f32] {
+    pub fn logits(&self, b: usize) -> ArrayView2<'_, f32> {
         self.chain.output(b)
     }
 
     fn forward_layers(&mut self, b: usize, mode: Mode) {
         assert!(b <= self.capacity, "batch {b} exceeds model capacity {}", self.capacity);
-        let pass = Pass { mode, sample_ids: &self.ids[..b] };
-        self.chain.forward(&self.params, &self.input, b, &pass);
+        let (x, pass) = (rows_of(&self.input, b, self.input_dim()), Pass { mode, sample_ids: &self.ids[..b] });
+        self.chain.forward(ArrayView1::from(&self.params[..]), x, &pass);
     }
 
     /// Forward pass over the `b` rows in the input buffers; returns the loss sum and correct count.
     pub fn forward(&mut self, b: usize, mode: Mode) -> LossStats {
         self.forward_layers(b, mode);
-        let w = self.output_dim();
-        self.loss.evaluate(self.logits(b), &self.labels[..b], w, 1.0, None)
+        self.loss.evaluate(self.logits(b), &self.labels[..b], 1.0, None)
     }
 
     /// Forward and backward over `b` rows: `grads = scale · Σ_rows ∂ℓ/∂θ`.
@@ -348,10 +348,18 @@ impl Model {
         }
         self.forward_layers(b, mode);
         let w = self.output_dim();
-        let stats = self.loss.evaluate(self.chain.output(b), &self.labels[..b], w, scale, Some(&mut self.dlogits));
-        self.chain.backward(&self.params, &mut self.grads, &self.input, &self.dlogits[..b * w], None, b);
+        let mut dlogits = ArrayViewMut2::from_shape((b, w), &mut self.dlogits[..b * w]).expect("b × classes");
+        let stats = self.loss.evaluate(self.chain.output(b), &self.labels[..b], scale, Some(dlogits.view_mut()));
+        let (p, x) =
+            (ArrayView1::from(&self.params[..]), rows_of(&self.input, b, self.chain.input_shape().iter().product()));
+        self.chain.backward(p, x, dlogits.view(), ArrayViewMut1::from(&mut self.grads[..]), None);
         stats
     }
+}
+
+/// The first `b` rows of `d` floats of a row-major buffer, as a batch.
+fn rows_of(buf: &[f32], b: usize, d: usize) -> ArrayView2<'_, f32> {
+    ArrayView2::from_shape((b, d), &buf[..b * d]).expect("the buffer holds its batch")
 }
 
 #[cfg(test)]

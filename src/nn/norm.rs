@@ -18,7 +18,10 @@ use crate::data::rng::Rng;
 use crate::kernels::grow;
 use crate::kernels::team;
 use crate::kernels::team::Pieces;
-use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{
+    batch_back, batch_of, flat, flat_mut, rows, rows_mut, Grads, Io, Layer, Pass, SAMPLES_PER_TASK,
+};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 pub const EPS: f32 = 1e-5;
 
@@ -64,18 +67,19 @@ impl Layer for GroupNorm {
     fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
         vec![("weight".into(), vec![self.channels()]), ("bias".into(), vec![self.channels()])]
     }
-    fn init(&self, p: &mut [f32], _rng: &mut Rng) {
-        let (gamma, beta) = p.split_at_mut(self.channels());
+    fn init(&self, p: ArrayViewMut1<f32>, _rng: &mut Rng) {
+        let (gamma, beta) = flat_mut(p).split_at_mut(self.channels());
         gamma.fill(1.0);
         beta.fill(0.0);
     }
     /// `x: B×C×H×W → y: B×C×H×W`.
-    fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
+    fn forward(&mut self, p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
         let (c, area, groups) = (self.channels(), self.area(), self.groups);
         let d = c * area;
         let glen = d / groups;
+        let b = batch_of("group-norm", &x, &y, d, d);
         assert_eq!(p.len(), 2 * c, "group-norm: parameter slice");
-        assert!(x.len() >= b * d && y.len() >= b * d, "group-norm: batch buffers too small");
+        let (p, x, y) = (flat(p), rows(x), rows_mut(y));
         let (gamma, beta) = p.split_at(c);
         grow(&mut self.mean, b * groups);
         grow(&mut self.rstd, b * groups);
@@ -106,8 +110,9 @@ impl Layer for GroupNorm {
     }
     /// With `∂x̂ = γ·∂y` and means over the group:
     /// `∂x = rstd · (∂x̂ − mean(∂x̂) − x̂ · mean(∂x̂ ⊙ x̂))`, `∂γ_c = Σ ∂y ⊙ x̂`, `∂β_c = Σ ∂y`.
-    fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        let b = io.b;
+    fn backward(&mut self, p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { g, dx }: Grads) {
+        let b = batch_back("group-norm", &io, &dy, &dx);
+        let (p, g, x_all, dy, dx) = (flat(p), flat_mut(g), rows(io.x), rows(dy), dx.map(rows_mut));
         let (c, area, groups) = (self.channels(), self.area(), self.groups);
         let (d, cpg) = (c * area, c / groups);
         assert_eq!(g.len(), 2 * c, "group-norm: gradient slice");
@@ -117,7 +122,7 @@ impl Layer for GroupNorm {
         let (mean, rstd) = (&self.mean[..b * groups], &self.rstd[..b * groups]);
         // Per sample: ∂γ, ∂β contributions, and ∂x when asked.
         let per_sample = |n: usize, part: &mut [f32], dx: Option<&mut [f32]>| {
-            let (x, dy) = (&io.x[n * d..(n + 1) * d], &dy[n * d..(n + 1) * d]);
+            let (x, dy) = (&x_all[n * d..(n + 1) * d], &dy[n * d..(n + 1) * d]);
             let (dgamma, dbeta) = part.split_at_mut(c);
             for ch in 0..c {
                 let (mu, r) = (mean[n * groups + ch / cpg], rstd[n * groups + ch / cpg]);
@@ -171,16 +176,17 @@ impl Layer for GroupNorm {
 mod tests {
     use super::*;
     use crate::nn::layers::Mode;
+    use crate::nn::layers::OnSlices;
 
     #[test]
     fn groups_are_standardised_per_sample() {
         let mut gn = GroupNorm::new(2, vec![4, 3]);
         let mut p = vec![0.0; 8];
-        gn.init(&mut p, &mut Rng::from_keys(&[0]));
+        gn.init(ndarray::ArrayViewMut1::from(&mut p[..]), &mut Rng::from_keys(&[0]));
         let x: Vec<f32> = (0..24).map(|v| (v * v % 7) as f32).collect();
         let mut y = vec![0.0; 24];
         let pass = Pass { mode: Mode { train: true, seed: 0, epoch: 0 }, sample_ids: &[0, 1] };
-        gn.forward(&p, &x, &mut y, 2, &pass);
+        gn.fwd(&p, &x, &mut y, 2, &pass);
         for grp in y.chunks_exact(6) {
             let mu = grp.iter().sum::<f32>() / 6.0;
             let var = grp.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / 6.0;
@@ -188,7 +194,7 @@ mod tests {
         }
         // The second sample alone gives the same output: no cross-sample statistics.
         let mut y1 = vec![0.0; 12];
-        gn.forward(&p, &x[12..], &mut y1, 1, &Pass { sample_ids: &[1], ..pass });
+        gn.fwd(&p, &x[12..], &mut y1, 1, &Pass { sample_ids: &[1], ..pass });
         assert_eq!(y1, y[12..]);
     }
 }

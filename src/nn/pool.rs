@@ -8,7 +8,8 @@ use crate::kernels::grow;
 use crate::kernels::team;
 use crate::kernels::team::Pieces;
 use crate::nn::conv::out_len;
-use crate::nn::layers::{Io, Layer, Pass, SAMPLES_PER_TASK};
+use crate::nn::layers::{batch_back, batch_of, rows, rows_mut, Grads, Io, Layer, Pass, SAMPLES_PER_TASK};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2};
 use std::hint::select_unpredictable;
 
 /// Shape of a square pooling window sweep over `[C, H, W]`.
@@ -106,10 +107,11 @@ impl Layer for MaxPool2d {
         self.window.out_shape()
     }
     /// `x: B×C×H×W → y: B×C×H'×W'`, `y = max over the window`.
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
         let win = self.window;
         let (il, ol) = (win.in_len(), win.out_len());
-        assert!(x.len() >= b * il && y.len() >= b * ol, "max-pool2d: batch buffers too small");
+        let b = batch_of("max-pool2d", &x, &y, il, ol);
+        let (x, y) = (rows(x), rows_mut(y));
         grow(&mut self.argmax, b * ol);
         let per = SAMPLES_PER_TASK;
         let (ys, args) = (Pieces::new(&mut y[..b * ol], per * ol), Pieces::new(&mut self.argmax[..b * ol], per * ol));
@@ -122,9 +124,11 @@ impl Layer for MaxPool2d {
         });
     }
     /// `∂x[argmax] += ∂y`, zero elsewhere.
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        let b = batch_back("max-pool2d", &io, &dy, &dx);
         let Some(dx) = dx else { return };
-        let (b, il, ol) = (io.b, self.window.in_len(), self.window.out_len());
+        let (dx, dy) = (rows_mut(dx), rows(dy));
+        let (il, ol) = (self.window.in_len(), self.window.out_len());
         assert!(self.argmax.len() >= b * ol, "max-pool2d: backward before forward");
         let (argmax, per) = (&self.argmax[..b * ol], SAMPLES_PER_TASK);
         team::zip_chunks_mut([&mut dx[..b * il]], per * il, &|t, [dx]| {
@@ -159,10 +163,11 @@ impl Layer for AvgPool2d {
         self.window.out_shape()
     }
     /// `x: B×C×H×W → y: B×C×H'×W'`, `y = (1/k²) Σ window`.
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
         let win = self.window;
         let (il, ol) = (win.in_len(), win.out_len());
-        assert!(x.len() >= b * il && y.len() >= b * ol, "avg-pool2d: batch buffers too small");
+        let b = batch_of("avg-pool2d", &x, &y, il, ol);
+        let (x, y) = (rows(x), rows_mut(y));
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
         let per = SAMPLES_PER_TASK;
         team::zip_chunks_mut([&mut y[..b * ol]], per * ol, &|t, [y]| {
@@ -172,10 +177,12 @@ impl Layer for AvgPool2d {
         });
     }
     /// `∂x[i] = Σ_{windows ∋ i} ∂y / k²`.
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        let b = batch_back("avg-pool2d", &io, &dy, &dx);
         let Some(dx) = dx else { return };
+        let (dx, dy) = (rows_mut(dx), rows(dy));
         let win = self.window;
-        let (b, il, ol) = (io.b, win.in_len(), win.out_len());
+        let (il, ol) = (win.in_len(), win.out_len());
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
         let per = SAMPLES_PER_TASK;
         team::zip_chunks_mut([&mut dx[..b * il]], per * il, &|t, [dx]| {
@@ -211,20 +218,22 @@ impl Layer for GlobalAvgPool {
         vec![self.input[0]]
     }
     /// `x: B×C×H×W → y: B×C`, `y = mean over H×W`.
-    fn forward(&mut self, _p: &[f32], x: &[f32], y: &mut [f32], b: usize, _pass: &Pass) {
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
         let (c, area) = self.channels_and_area();
-        assert!(x.len() >= b * c * area && y.len() >= b * c, "global-avg-pool: batch buffers too small");
+        let b = batch_of("global-avg-pool", &x, &y, c * area, c);
+        let (x, y) = (rows(x), rows_mut(y));
         let scale = 1.0 / area as f32;
         for (y, plane) in y[..b * c].iter_mut().zip(x[..b * c * area].chunks_exact(area)) {
             *y = plane.iter().sum::<f32>() * scale;
         }
     }
     /// `∂x = ∂y / (H·W)` broadcast over each channel's positions.
-    fn backward(&mut self, _p: &[f32], _g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        let b = batch_back("global-avg-pool", &io, &dy, &dx);
         let Some(dx) = dx else { return };
         let (c, area) = self.channels_and_area();
         let scale = 1.0 / area as f32;
-        for (&d, plane) in dy[..io.b * c].iter().zip(dx[..io.b * c * area].chunks_exact_mut(area)) {
+        for (&d, plane) in rows(dy)[..b * c].iter().zip(rows_mut(dx)[..b * c * area].chunks_exact_mut(area)) {
             plane.fill(d * scale);
         }
     }
@@ -234,6 +243,7 @@ impl Layer for GlobalAvgPool {
 mod tests {
     use super::*;
     use crate::nn::layers::Mode;
+    use crate::nn::layers::OnSlices;
 
     fn pass() -> Pass<'static> {
         Pass { mode: Mode { train: false, seed: 0, epoch: 0 }, sample_ids: &[0] }
@@ -245,18 +255,18 @@ mod tests {
         let x: Vec<f32> = (0..20).map(|v| v as f32).collect();
         let mut mp = MaxPool2d::new([1, 4, 5], 2, 2);
         let mut y = vec![0.0; 4];
-        mp.forward(&[], &x, &mut y, 1, &pass());
+        mp.fwd(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [6.0, 8.0, 16.0, 18.0]);
         let mut ap = AvgPool2d::new([1, 4, 5], 2, 2);
-        ap.forward(&[], &x, &mut y, 1, &pass());
+        ap.fwd(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [3.0, 5.0, 13.0, 15.0]);
         let mut dx = vec![9.0; 20];
-        mp.backward(&[], &mut [], Io { x: &x, y: &y, b: 1 }, &[1.0, 2.0, 3.0, 4.0], Some(&mut dx));
+        mp.bwd(&[], &mut [], &x, &y, &[1.0, 2.0, 3.0, 4.0], Some(&mut dx), 1);
         assert_eq!(dx.iter().sum::<f32>(), 10.0);
         assert_eq!((dx[6], dx[8], dx[16], dx[18]), (1.0, 2.0, 3.0, 4.0));
         let mut gp = GlobalAvgPool { input: vec![2, 2, 5] };
         let mut y = vec![0.0; 2];
-        gp.forward(&[], &x, &mut y, 1, &pass());
+        gp.fwd(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [4.5, 14.5]);
     }
 
@@ -273,10 +283,10 @@ mod tests {
             let x: Vec<f32> = (0..b * il).map(|_| (rng.uniform(4.0)).round()).collect();
             let mut y = vec![f32::NAN; b * ol];
             let ids: Vec<usize> = (0..b).collect();
-            mp.forward(&[], &x, &mut y, b, &Pass { mode: Mode { train: false, seed: 0, epoch: 0 }, sample_ids: &ids });
+            mp.fwd(&[], &x, &mut y, b, &Pass { mode: Mode { train: false, seed: 0, epoch: 0 }, sample_ids: &ids });
             let dy: Vec<f32> = (0..b * ol).map(|i| i as f32 + 1.0).collect();
             let mut dx = vec![f32::NAN; b * il];
-            mp.backward(&[], &mut [], Io { x: &x, y: &y, b }, &dy, Some(&mut dx));
+            mp.bwd(&[], &mut [], &x, &y, &dy, Some(&mut dx), b);
             let mut want_dx = vec![0.0; b * il];
             for n in 0..b {
                 mp.window.for_each(|o, base| {

@@ -15,7 +15,8 @@
 use crate::data::rng::Rng;
 use crate::kernels::grow;
 use crate::nn::chain::Chain;
-use crate::nn::layers::{Io, Layer, Pass};
+use crate::nn::layers::{batch_back, batch_of, Grads, Io, Layer, Pass};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
 
 pub struct Residual {
     pub body: Chain,
@@ -53,55 +54,54 @@ impl Layer for Residual {
         body.chain(short).collect()
     }
     /// Each inner layer from its own stream, derived from the block's.
-    fn init(&self, p: &mut [f32], rng: &mut Rng) {
+    fn init(&self, mut p: ArrayViewMut1<f32>, rng: &mut Rng) {
         let base = rng.next_u64();
-        let (pb, ps) = p.split_at_mut(self.body.n_params());
+        let (pb, ps) = p.view_mut().split_at(Axis(0), self.body.n_params());
         self.body.init(pb, |j| Rng::from_keys(&[base, 0, j as u64]));
         self.shortcut.init(ps, |j| Rng::from_keys(&[base, 1, j as u64]));
     }
     /// `x: B×C×H×W → y = f(x) + s(x): B×C'×H'×W'`.
-    fn forward(&mut self, p: &[f32], x: &[f32], y: &mut [f32], b: usize, pass: &Pass) {
+    fn forward(&mut self, p: ArrayView1<f32>, x: ArrayView2<f32>, mut y: ArrayViewMut2<f32>, pass: &Pass) {
         let (il, ol) = (self.in_len(), self.body.out_len());
-        assert!(x.len() >= b * il && y.len() >= b * ol, "residual: batch buffers too small");
-        let (pb, ps) = p.split_at(self.body.n_params());
+        let b = batch_of("residual", &x, &y, il, ol);
+        let (pb, ps) = p.split_at(Axis(0), self.body.n_params());
         self.body.reserve(b);
-        self.body.forward(pb, x, b, pass);
-        let y = &mut y[..b * ol];
-        y.copy_from_slice(self.body.output(b));
-        let short: &[f32] = if self.shortcut.is_empty() {
-            &x[..b * il]
+        self.body.forward(pb, x, pass);
+        y.assign(&self.body.output(b));
+        let short = if self.shortcut.is_empty() {
+            x
         } else {
             self.shortcut.reserve(b);
-            self.shortcut.forward(ps, x, b, pass);
+            self.shortcut.forward(ps, x, pass);
             self.shortcut.output(b)
         };
-        y.iter_mut().zip(short).for_each(|(y, s)| *y += s);
+        y += &short;
     }
     /// `∂x = f'ᵀ(∂y) + s'ᵀ(∂y)`; parameter gradients of both branches.
-    fn backward(&mut self, p: &[f32], g: &mut [f32], io: Io, dy: &[f32], dx: Option<&mut [f32]>) {
-        let (b, il) = (io.b, self.in_len());
+    fn backward(&mut self, p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { g, dx }: Grads) {
+        let b = batch_back("residual", &io, &dy, &dx);
         let split = self.body.n_params();
-        let (pb, ps) = p.split_at(split);
-        let (gb, gs) = g.split_at_mut(split);
-        let dy = &dy[..b * self.body.out_len()];
+        let (pb, ps) = p.split_at(Axis(0), split);
+        let (gb, gs) = g.split_at(Axis(0), split);
         match dx {
             None => {
-                self.body.backward(pb, gb, io.x, dy, None, b);
+                self.body.backward(pb, io.x, dy, gb, None);
                 if !self.shortcut.is_empty() {
-                    self.shortcut.backward(ps, gs, io.x, dy, None, b);
+                    self.shortcut.backward(ps, io.x, dy, gs, None);
                 }
             }
-            Some(dx) => {
-                let dx = &mut dx[..b * il];
-                self.body.backward(pb, gb, io.x, dy, Some(dx), b);
-                let through: &[f32] = if self.shortcut.is_empty() {
-                    dy
+            Some(mut dx) => {
+                self.body.backward(pb, io.x, dy, gb, Some(dx.view_mut()));
+                if self.shortcut.is_empty() {
+                    dx += &dy;
                 } else {
+                    let il = self.in_len();
                     grow(&mut self.dx_short, b * il);
-                    self.shortcut.backward(ps, gs, io.x, dy, Some(&mut self.dx_short[..b * il]), b);
-                    &self.dx_short[..b * il]
-                };
-                dx.iter_mut().zip(through).for_each(|(d, s)| *d += s);
+                    let mut through =
+                        ArrayViewMut2::from_shape((b, il), &mut self.dx_short[..b * il]).expect("b × input");
+                    self.shortcut.backward(ps, io.x, dy, gs, Some(through.view_mut()));
+                    dx += &through;
+                }
             }
         }
     }
