@@ -14,7 +14,7 @@ use lbbsp::nn::conv::Conv2d;
 use lbbsp::nn::dropout::Dropout;
 use lbbsp::nn::layers::{Elementwise, Grads, Io, Layer, Linear, Mode, Pass, Relu, Silu, Tanh};
 use lbbsp::nn::norm::GroupNorm;
-use lbbsp::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use lbbsp::nn::pool::{GlobalAvgPool, Pool2d, Reduce};
 use lbbsp::nn::residual::Residual;
 use ndarray::{Array1, Array2};
 use std::hint::black_box;
@@ -80,13 +80,13 @@ fn layers(c: &mut Criterion) {
     let cases: Vec<(&str, Box<dyn Layer>, Vec<usize>)> = vec![
         ("conv1 1x28x28 -> 6 k5 (no dx)", conv([1, 28, 28], 6, 5, 1, 0), vec![1, 28, 28]),
         ("relu 6x24x24", Box::new(Elementwise::<Relu>::new(vec![6, 24, 24])), vec![6, 24, 24]),
-        ("max-pool 6x24x24 k2", Box::new(MaxPool2d::new([6, 24, 24], 2, 2)), vec![6, 24, 24]),
+        ("max-pool 6x24x24 k2", Box::new(Pool2d::new(Reduce::Max, [6, 24, 24], 2, 2)), vec![6, 24, 24]),
         ("conv2 6x12x12 -> 16 k5", conv([6, 12, 12], 16, 5, 1, 0), vec![6, 12, 12]),
         ("relu 16x8x8", Box::new(Elementwise::<Relu>::new(vec![16, 8, 8])), vec![16, 8, 8]),
-        ("max-pool 16x8x8 k2", Box::new(MaxPool2d::new([16, 8, 8], 2, 2)), vec![16, 8, 8]),
+        ("max-pool 16x8x8 k2", Box::new(Pool2d::new(Reduce::Max, [16, 8, 8], 2, 2)), vec![16, 8, 8]),
         ("linear 256 -> 120", Box::new(Linear { inp: 256, out: 120 }), vec![256]),
         ("conv 1x28x28 -> 6 k5 p2", conv([1, 28, 28], 6, 5, 1, 2), vec![1, 28, 28]),
-        ("avg-pool 16x10x10 k2", Box::new(AvgPool2d::new([16, 10, 10], 2, 2)), vec![16, 10, 10]),
+        ("avg-pool 16x10x10 k2", Box::new(Pool2d::new(Reduce::Mean, [16, 10, 10], 2, 2)), vec![16, 10, 10]),
         ("linear 784 -> 512 (W1 fc1, no dx)", Box::new(Linear { inp: 784, out: 512 }), vec![784]),
         ("linear 512 -> 256 (W1 fc2)", Box::new(Linear { inp: 512, out: 256 }), vec![512]),
         ("tanh 512", Box::new(Elementwise::<Tanh>::new(vec![512])), vec![512]),

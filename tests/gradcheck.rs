@@ -12,7 +12,7 @@ use lbbsp::nn::layers::{Elementwise, Flatten, Grads, Io, Layer, Linear, Mode, Pa
 use lbbsp::nn::loss::Loss;
 use lbbsp::nn::model::{LayerSpec, Model, ModelSpec};
 use lbbsp::nn::norm::GroupNorm;
-use lbbsp::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use lbbsp::nn::pool::{GlobalAvgPool, Pool2d, Reduce};
 use lbbsp::nn::residual::Residual;
 use ndarray::{Array1, Array2};
 
@@ -142,14 +142,14 @@ fn separated(n: usize, key: u64) -> Vec<f32> {
 
 #[test]
 fn max_pool2d() {
-    check_at(&mut MaxPool2d::new([2, 6, 5], 2, 2), &separated(2 * 60, 1), 2);
-    check_at(&mut MaxPool2d::new([1, 5, 5], 3, 1), &separated(2 * 25, 2), 2);
+    check_at(&mut Pool2d::new(Reduce::Max, [2, 6, 5], 2, 2), &separated(2 * 60, 1), 2);
+    check_at(&mut Pool2d::new(Reduce::Max, [1, 5, 5], 3, 1), &separated(2 * 25, 2), 2);
 }
 
 #[test]
 fn avg_pool2d() {
-    check(&mut AvgPool2d::new([2, 6, 5], 2, 2), 60, 2, false);
-    check(&mut AvgPool2d::new([1, 5, 5], 3, 1), 25, 2, false);
+    check(&mut Pool2d::new(Reduce::Mean, [2, 6, 5], 2, 2), 60, 2, false);
+    check(&mut Pool2d::new(Reduce::Mean, [1, 5, 5], 3, 1), 25, 2, false);
 }
 
 #[test]

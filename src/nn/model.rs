@@ -19,7 +19,7 @@ use crate::nn::layers::{Elementwise, Flatten, Layer, Linear, Mode, Pass, Relu, S
 use crate::nn::loss::{Loss, LossStats};
 use crate::nn::norm::GroupNorm;
 use crate::nn::params::ParamTable;
-use crate::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+use crate::nn::pool::{GlobalAvgPool, Pool2d, Reduce};
 use crate::nn::residual::Residual;
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use serde::{Deserialize, Serialize};
@@ -175,9 +175,9 @@ fn build_one(spec: &LayerSpec, shape: &[usize], at: &str, path: &[u64]) -> Resul
             let stride = stride.unwrap_or(*kernel);
             window_fits(kind, input, *kernel, stride, 0, at)?;
             if max {
-                Box::new(MaxPool2d::new(input, *kernel, stride))
+                Box::new(Pool2d::new(Reduce::Max, input, *kernel, stride))
             } else {
-                Box::new(AvgPool2d::new(input, *kernel, stride))
+                Box::new(Pool2d::new(Reduce::Mean, input, *kernel, stride))
             }
         }
         LayerSpec::GlobalAvgPool => {

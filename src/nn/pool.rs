@@ -84,36 +84,35 @@ impl Window {
     }
 }
 
-/// Max over each `k×k` window: `B×C×H×W → B×C×H'×W'`. Caches the winning input index of every
-/// output (the first one on ties) and routes the gradient there.
+/// What a window pools to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// The window's maximum; the gradient goes to its (first) winning input.
+    Max,
+    /// The window's mean.
+    Mean,
+}
+
+/// Pooling over each `k×k` window: `B×C×H×W → B×C×H'×W'`. Max pooling caches the winning input
+/// index of every output (the first one on ties) and routes the gradient there.
 #[derive(Debug, Clone)]
-pub struct MaxPool2d {
+pub struct Pool2d {
     pub window: Window,
+    pub reduce: Reduce,
     /// `b × C·H'·W'` input offsets (within the sample) of the maxima of the last forward pass.
     argmax: Vec<u32>,
 }
 
-impl MaxPool2d {
-    pub fn new(input: [usize; 3], kernel: usize, stride: usize) -> MaxPool2d {
-        MaxPool2d { window: Window::new(input, kernel, stride), argmax: Vec::new() }
+impl Pool2d {
+    pub fn new(reduce: Reduce, input: [usize; 3], kernel: usize, stride: usize) -> Pool2d {
+        Pool2d { window: Window::new(input, kernel, stride), reduce, argmax: Vec::new() }
     }
-}
 
-impl Layer for MaxPool2d {
-    fn kind(&self) -> &'static str {
-        "max-pool2d"
-    }
-    fn out_shape(&self) -> Vec<usize> {
-        self.window.out_shape()
-    }
-    /// `x: B×C×H×W → y: B×C×H'×W'`, `y = max over the window`.
-    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
+    /// `y = max over the window`, each output's winner kept.
+    fn max(&mut self, x: &[f32], y: &mut [f32], b: usize) {
         let win = self.window;
-        let (il, ol) = (win.in_len(), win.out_len());
-        let b = batch_of("max-pool2d", &x, &y, il, ol);
-        let (x, y) = (rows(x), rows_mut(y));
+        let (il, ol, per) = (win.in_len(), win.out_len(), SAMPLES_PER_TASK);
         grow(&mut self.argmax, b * ol);
-        let per = SAMPLES_PER_TASK;
         let (ys, args) = (Pieces::new(&mut y[..b * ol], per * ol), Pieces::new(&mut self.argmax[..b * ol], per * ol));
         team::run(b.div_ceil(per), &|t| {
             // SAFETY: `run` runs task `t` once, and only task `t` takes pieces `t`.
@@ -123,14 +122,12 @@ impl Layer for MaxPool2d {
             rows.zip(x.chunks_exact(il)).for_each(|((y, arg), x)| win.max(x, y, arg));
         });
     }
+
     /// `∂x[argmax] += ∂y`, zero elsewhere.
-    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
-        let b = batch_back("max-pool2d", &io, &dy, &dx);
-        let Some(dx) = dx else { return };
-        let (dx, dy) = (rows_mut(dx), rows(dy));
-        let (il, ol) = (self.window.in_len(), self.window.out_len());
+    fn max_back(&self, dy: &[f32], dx: &mut [f32], b: usize) {
+        let (il, ol, per) = (self.window.in_len(), self.window.out_len(), SAMPLES_PER_TASK);
         assert!(self.argmax.len() >= b * ol, "max-pool2d: backward before forward");
-        let (argmax, per) = (&self.argmax[..b * ol], SAMPLES_PER_TASK);
+        let argmax = &self.argmax[..b * ol];
         team::zip_chunks_mut([&mut dx[..b * il]], per * il, &|t, [dx]| {
             let (dy, arg) = (&dy[t * per * ol..], &argmax[t * per * ol..]);
             for ((dx, dy), arg) in dx.chunks_exact_mut(il).zip(dy.chunks_exact(ol)).zip(arg.chunks_exact(ol)) {
@@ -141,50 +138,24 @@ impl Layer for MaxPool2d {
             }
         });
     }
-}
 
-/// Mean over each `k×k` window: `B×C×H×W → B×C×H'×W'`.
-#[derive(Debug, Clone)]
-pub struct AvgPool2d {
-    pub window: Window,
-}
-
-impl AvgPool2d {
-    pub fn new(input: [usize; 3], kernel: usize, stride: usize) -> AvgPool2d {
-        AvgPool2d { window: Window::new(input, kernel, stride) }
-    }
-}
-
-impl Layer for AvgPool2d {
-    fn kind(&self) -> &'static str {
-        "avg-pool2d"
-    }
-    fn out_shape(&self) -> Vec<usize> {
-        self.window.out_shape()
-    }
-    /// `x: B×C×H×W → y: B×C×H'×W'`, `y = (1/k²) Σ window`.
-    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
+    /// `y = (1/k²) Σ window`.
+    fn mean(&self, x: &[f32], y: &mut [f32], b: usize) {
         let win = self.window;
-        let (il, ol) = (win.in_len(), win.out_len());
-        let b = batch_of("avg-pool2d", &x, &y, il, ol);
-        let (x, y) = (rows(x), rows_mut(y));
+        let (il, ol, per) = (win.in_len(), win.out_len(), SAMPLES_PER_TASK);
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
-        let per = SAMPLES_PER_TASK;
         team::zip_chunks_mut([&mut y[..b * ol]], per * ol, &|t, [y]| {
             for (y, x) in y.chunks_exact_mut(ol).zip(x[t * per * il..].chunks_exact(il)) {
                 win.for_each(|o, base| y[o] = win.rows(base).map(|r| x[r].iter().sum::<f32>()).sum::<f32>() * scale);
             }
         });
     }
+
     /// `∂x[i] = Σ_{windows ∋ i} ∂y / k²`.
-    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
-        let b = batch_back("avg-pool2d", &io, &dy, &dx);
-        let Some(dx) = dx else { return };
-        let (dx, dy) = (rows_mut(dx), rows(dy));
+    fn mean_back(&self, dy: &[f32], dx: &mut [f32], b: usize) {
         let win = self.window;
-        let (il, ol) = (win.in_len(), win.out_len());
+        let (il, ol, per) = (win.in_len(), win.out_len(), SAMPLES_PER_TASK);
         let scale = 1.0 / (win.kernel * win.kernel) as f32;
-        let per = SAMPLES_PER_TASK;
         team::zip_chunks_mut([&mut dx[..b * il]], per * il, &|t, [dx]| {
             for (dx, dy) in dx.chunks_exact_mut(il).zip(dy[t * per * ol..].chunks_exact(ol)) {
                 dx.fill(0.0);
@@ -194,6 +165,34 @@ impl Layer for AvgPool2d {
                 });
             }
         });
+    }
+}
+
+impl Layer for Pool2d {
+    fn kind(&self) -> &'static str {
+        match self.reduce {
+            Reduce::Max => "max-pool2d",
+            Reduce::Mean => "avg-pool2d",
+        }
+    }
+    fn out_shape(&self) -> Vec<usize> {
+        self.window.out_shape()
+    }
+    /// `x: B×C×H×W → y: B×C×H'×W'`.
+    fn forward(&mut self, _p: ArrayView1<f32>, x: ArrayView2<f32>, y: ArrayViewMut2<f32>, _pass: &Pass) {
+        let b = batch_of(self.kind(), &x, &y, self.window.in_len(), self.window.out_len());
+        match self.reduce {
+            Reduce::Max => self.max(rows(x), rows_mut(y), b),
+            Reduce::Mean => self.mean(rows(x), rows_mut(y), b),
+        }
+    }
+    fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
+        let b = batch_back(self.kind(), &io, &dy, &dx);
+        let Some(dx) = dx else { return };
+        match self.reduce {
+            Reduce::Max => self.max_back(rows(dy), rows_mut(dx), b),
+            Reduce::Mean => self.mean_back(rows(dy), rows_mut(dx), b),
+        }
     }
 }
 
@@ -253,11 +252,11 @@ mod tests {
     fn max_and_average_of_a_known_image() {
         // One channel, 4×5; 2×2 windows, stride 2 → 2×2 output (last column dropped).
         let x: Vec<f32> = (0..20).map(|v| v as f32).collect();
-        let mut mp = MaxPool2d::new([1, 4, 5], 2, 2);
+        let mut mp = Pool2d::new(Reduce::Max, [1, 4, 5], 2, 2);
         let mut y = vec![0.0; 4];
         mp.fwd(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [6.0, 8.0, 16.0, 18.0]);
-        let mut ap = AvgPool2d::new([1, 4, 5], 2, 2);
+        let mut ap = Pool2d::new(Reduce::Mean, [1, 4, 5], 2, 2);
         ap.fwd(&[], &x, &mut y, 1, &pass());
         assert_eq!(y, [3.0, 5.0, 13.0, 15.0]);
         let mut dx = vec![9.0; 20];
@@ -277,7 +276,7 @@ mod tests {
     fn max_pool_matches_a_direct_search() {
         let mut rng = crate::data::rng::Rng::from_keys(&[4]);
         for (input, k, s) in [([2, 7, 6], 3, 2), ([3, 8, 8], 2, 2), ([1, 9, 7], 2, 3)] {
-            let mut mp = MaxPool2d::new(input, k, s);
+            let mut mp = Pool2d::new(Reduce::Max, input, k, s);
             let (il, ol, b) = (mp.window.in_len(), mp.window.out_len(), 11);
             // Values on a coarse grid, so windows often hold equal maxima.
             let x: Vec<f32> = (0..b * il).map(|_| (rng.uniform(4.0)).round()).collect();
