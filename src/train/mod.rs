@@ -248,9 +248,7 @@ impl<'a> Run<'a> {
         self.last_run_share = (crate::profile::process_cpu_s() - cpu0) / self.last_run_s.max(1e-9);
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
-        self.obs.clear();
-        let threads = self.threads_per_rank();
-        self.obs.extend(self.sync.stats.iter().map(|s| s.observation(threads)));
+        self.sync.observations_into(self.threads_per_rank(), &mut self.obs);
         let balancing = Instant::now();
         self.balancer.observe(&self.obs);
         self.last_balance_s = balancing.elapsed().as_secs_f64();
