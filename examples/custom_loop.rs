@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
     let mut cpu = CpuSampler::new();
     let mut local_grad = vec![0.0f32; d];
     let mut sync = GradSync::new(d, world);
+    let mut obs: Vec<Observation> = Vec::with_capacity(world);
     let mut last_balance_s = 0.0;
 
     for epoch in 0..3 {
@@ -85,9 +86,11 @@ fn main() -> anyhow::Result<()> {
                 *wi -= 0.5 * g;
             }
             // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split
-            // everywhere.
-            // (its CPU measures per core of the one thread each rank computes on).
-            let obs: Vec<Observation> = sync.stats.iter().map(|s| s.observation(1)).collect();
+            // everywhere. `Run::step` builds its observations with this same call: the CPU
+            // measures are the whole process's, and the balancer compares ranks per core, so they
+            // are divided by the threads the rank computes on (1: this loop runs on one thread; a
+            // loop on a rayon pool passes the pool's size).
+            sync.observations_into(1, &mut obs);
             let balancing = Instant::now();
             balancer.observe(&obs);
             last_balance_s = balancing.elapsed().as_secs_f64();

@@ -38,9 +38,9 @@
 //! - ranks: [`dist::comm::Communicator`] with [`Solo`], [`Local`] (threads, for tests) and `Mpi`
 //!   (rsmpi; feature `mpi`, default), and [`dist::sync::GradSync`], the weighted gradient allreduce
 //!   carrying every rank's stats ([`dist::sync::RankStats`]);
-//! - the run: [`train::Run`] (whose [`train::Run::step`] is one iteration), [`train::train`], the
-//!   [`Recipe`], [`Optimizer`], checkpoints ([`train::checkpoint`]) and metrics
-//!   ([`train::metrics`]);
+//! - the run: [`train::Run`] (whose [`train::Run::step`] is one iteration, advancing the run's
+//!   progress), [`train::train`], the [`Recipe`], [`Optimizer`], checkpoints
+//!   ([`train::checkpoint`]) and metrics ([`train::metrics`]);
 //! - models: [`nn`] (layers as forward/backward pairs, [`Model`]) and data: [`data`] (the manifest,
 //!   readers, [`Dataset`]);
 //! - kernels: [`kernels::gemm::gemm`] and the instruction-set tier ([`Isa`], [`IsaChoice`]); the

@@ -20,6 +20,7 @@
 //! synchronisation points (three with gradient clipping, whose norm needs one more small
 //! allreduce), but it leaves each rank `1/world` of the optimizer's work.
 
+use crate::balance::Observation;
 use crate::dist::clip::{clip_grad_norm, clip_grad_norm_blocks};
 use crate::dist::comm::{my_block, Communicator};
 use std::ops::Range;
@@ -69,23 +70,6 @@ pub const STATS_SLOTS: usize = WORDS * SLOTS_PER_WORD;
 const LOW21: u64 = (1 << 21) - 1;
 
 impl RankStats {
-    /// What the balancer sees of this rank's iteration: its CPU measures per core of the
-    /// `threads` the rank computes on (the balancer compares ranks by their share of one core).
-    pub fn observation(&self, threads: usize) -> crate::balance::Observation {
-        let threads = threads.max(1) as f64;
-        crate::balance::Observation {
-            batch: self.batch,
-            compute_s: self.compute_s,
-            cpu_share: self.cpu_share / threads,
-            preemptions: self.preemptions,
-            frozen_s: self.frozen_s / threads,
-            run_share: self.prev_run_share / threads,
-            run_s: self.prev_run_s,
-            transfer_s: self.prev_sync.comm_s,
-            balance_s: self.prev_balance_s,
-        }
-    }
-
     fn words(&self) -> [u64; WORDS] {
         [
             self.batch as u64,
@@ -290,6 +274,27 @@ impl GradSync {
     }
     pub fn grad_mut(&mut self) -> &mut [f32] {
         &mut self.summed[..self.params]
+    }
+
+    /// What the balancer sees of every rank's last iteration, in rank order, from the gathered
+    /// `stats` (into `out`, cleared first): the same on every rank, so every rank's balancer makes
+    /// the same next split. The CPU measures are the process's, over the `threads` it computes on;
+    /// they go to the balancer per core (divided by `threads`), since it compares ranks by their
+    /// share of one core whatever their thread counts.
+    pub fn observations_into(&self, threads: usize, out: &mut Vec<Observation>) {
+        let threads = threads.max(1) as f64;
+        out.clear();
+        out.extend(self.stats.iter().map(|s| Observation {
+            batch: s.batch,
+            compute_s: s.compute_s,
+            cpu_share: s.cpu_share / threads,
+            preemptions: s.preemptions,
+            frozen_s: s.frozen_s / threads,
+            run_share: s.prev_run_share / threads,
+            run_s: s.prev_run_s,
+            transfer_s: s.prev_sync.comm_s,
+            balance_s: s.prev_balance_s,
+        }));
     }
 }
 

@@ -103,13 +103,34 @@ impl Resume {
 
 /// One rank's part of a training run: the model, its optimizer, the gradient sync and the
 /// balancer, and where the run stands ([`Progress`], what a checkpoint records).
+///
+/// A run keeps its own progress: [`Run::step`] and [`Run::end_epoch`] advance it, so a loop of
+/// them is a whole run, and a run resumed from a checkpoint written between any two steps
+/// ([`Run::save`]) continues where it stood. On every rank, with `run` from [`Run::new`]:
+///
+/// ```no_run
+/// # fn epochs(run: &mut lbbsp::train::Run, epochs: usize) -> lbbsp::Result<()> {
+/// while run.progress().epoch < epochs {
+///     let plan = run.epoch_plan();
+///     for t in run.progress().batch_in_epoch..plan.iterations() {
+///         let record = run.step(plan.batch(t))?;
+///         println!("iteration {}: loss {}", record.iter, record.loss);
+///     }
+///     run.end_epoch();
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [`train`] is this loop with a stop at [`Run::total_iters`], a stop signal, checkpoints, the
+/// metrics file and the progress bar.
 pub struct Run<'a> {
     recipe: &'a Recipe,
     data: &'a Splits,
     comm: &'a dyn Communicator,
-    pub model: Model,
-    pub opt: Optimizer,
-    pub balancer: Balancer,
+    model: Model,
+    opt: Optimizer,
+    balancer: Balancer,
     sync: GradSync,
     sampler: CpuSampler,
     replay: Option<Replay>,
@@ -122,14 +143,14 @@ pub struct Run<'a> {
     last_run_s: f64,
     /// Seconds the balancer's last step took here.
     last_balance_s: f64,
-    pub progress: Progress,
+    progress: Progress,
     /// Whether the run continues from a checkpoint.
     resumed: bool,
     /// Global batches per epoch, and in the planned run (the learning-rate schedule spans it).
     iters_per_epoch: usize,
     planned: usize,
     /// Where this run stops (`train.max_iters`, else the planned run).
-    pub total_iters: usize,
+    total_iters: usize,
 }
 
 impl<'a> Run<'a> {
@@ -188,13 +209,55 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// One iteration on `batch` (sample ids of the global batch, from `epoch`'s permutation): this
-    /// rank computes its slice's share of the gradient, the ranks take the distributed step, and the
-    /// balancer observes every rank's size and time. Returns the iteration's record without its
-    /// wait and transfer columns: those are known once the collective is over and travel with the
-    /// next iteration's (see [`Run::late_columns`]).
-    pub fn step(&mut self, batch: &[usize], epoch: usize) -> Result<IterRecord> {
-        let (rank, iter) = (self.comm.rank(), self.progress.step);
+    /// The model, with the parameters as of the last step (the same on every rank).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The model, to change: what changes must change alike on every rank.
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
+
+    /// The optimizer. Its state is current only on this rank's block of the parameters between
+    /// checkpoints (each rank updates its own block).
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.opt
+    }
+
+    /// The balancer, which has observed every step so far.
+    pub fn balancer(&self) -> &Balancer {
+        &self.balancer
+    }
+
+    /// Where the run stands: what a checkpoint records and a resumed run continues from.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// The iteration this run stops before: `train.max_iters`, else every epoch's batches.
+    pub fn total_iters(&self) -> usize {
+        self.total_iters
+    }
+
+    /// The global batches of the current epoch (`progress().epoch`), the same on every rank:
+    /// [`Run::step`] takes them in order from `progress().batch_in_epoch`.
+    pub fn epoch_plan(&self) -> EpochPlan {
+        let cfg = &self.recipe.train;
+        EpochPlan::new(self.data.train.len(), cfg.global_batch, cfg.seed, self.progress.epoch as u64)
+    }
+
+    /// One iteration on `batch`, the next global batch of [`Run::epoch_plan`]: this rank computes
+    /// its slice's share of the gradient, the ranks take the distributed step, the balancer
+    /// observes every rank's size and time, and the progress moves past the batch. Returns the
+    /// iteration's record without its wait and transfer columns: those are known once the
+    /// collective is over and travel with the next iteration's (see [`Run::late_columns`]).
+    ///
+    /// A batch of no samples, of more than `train.global_batch` or with a sample id past the
+    /// training set is an error.
+    pub fn step(&mut self, batch: &[usize]) -> Result<IterRecord> {
+        self.check_batch(batch)?;
+        let (rank, iter, epoch) = (self.comm.rank(), self.progress.step, self.progress.epoch);
         let t_iter = Instant::now();
         let unix_s =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
@@ -248,13 +311,51 @@ impl<'a> Run<'a> {
         self.last_run_share = (crate::profile::process_cpu_s() - cpu0) / self.last_run_s.max(1e-9);
 
         // Every rank feeds the balancer the same gathered (b_i, t_i): the same next split everywhere.
-        self.obs.clear();
-        let threads = self.threads_per_rank();
-        self.obs.extend(self.sync.stats.iter().map(|s| s.observation(threads)));
+        self.sync.observations_into(self.threads_per_rank(), &mut self.obs);
         let balancing = Instant::now();
         self.balancer.observe(&self.obs);
         self.last_balance_s = balancing.elapsed().as_secs_f64();
-        Ok(self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes))
+        let rec = self.record(iter, epoch, (unix_s, t_iter.elapsed().as_secs_f64()), lr, sizes);
+        self.advance(rec.loss);
+        Ok(rec)
+    }
+
+    fn check_batch(&self, batch: &[usize]) -> Result<()> {
+        let (n, b) = (self.data.train.len(), self.recipe.train.global_batch);
+        let why = if batch.is_empty() || batch.len() > b {
+            format!("has {} samples, and a global batch has 1 to train.global_batch = {b}", batch.len())
+        } else if let Some(id) = batch.iter().find(|&&id| id >= n) {
+            format!("names sample {id}, and the training set has {n}")
+        } else {
+            return Ok(());
+        };
+        Err(Error::config("Run::step's batch", format!("{why}: take the batches of Run::epoch_plan")))
+    }
+
+    /// Moves the progress past the iteration just taken, of global-batch loss `loss`.
+    fn advance(&mut self, loss: f64) {
+        let p = &mut self.progress;
+        if p.batch_in_epoch == 0 {
+            p.epoch_loss = (0.0, 0);
+        }
+        p.epoch_loss.0 += loss;
+        p.epoch_loss.1 += 1;
+        p.step += 1;
+        p.batch_in_epoch += 1;
+    }
+
+    /// Ends the current epoch: the balancer's end-of-epoch step, then the evaluation on the test
+    /// split when one is due (every `train.eval_every_epochs` epochs, and after the last), which
+    /// it returns; the next step starts the next epoch. Every rank takes part.
+    pub fn end_epoch(&mut self) -> Option<EvalResult> {
+        let epoch = self.progress.epoch;
+        self.balancer.end_epoch();
+        let (done, cfg) = (epoch + 1, &self.recipe.train);
+        let due = done.is_multiple_of(cfg.eval_every_epochs) || done == cfg.epochs;
+        let ev = due.then(|| self.evaluate(epoch));
+        self.progress.epoch = done;
+        self.progress.batch_in_epoch = 0;
+        ev
     }
 
     /// The stop signal that a rank had received by its last [`Run::step`] (the first rank's that
@@ -332,10 +433,13 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Loss and accuracy of the current parameters on the test split (every rank takes part).
+    /// Loss and accuracy of the current parameters on the test split, recorded in the progress'
+    /// evaluations as `epoch`'s (every rank takes part).
     pub fn evaluate(&mut self, epoch: usize) -> EvalResult {
         self.comm.note(self.progress.step, Phase::Evaluate);
-        evaluate(&mut self.model, &self.data.test, self.comm, epoch)
+        let ev = evaluate(&mut self.model, &self.data.test, self.comm, epoch);
+        self.progress.evals.push(ev);
+        ev
     }
 
     /// Writes a checkpoint of where the run stands into `dir` (rank 0), then keeps only the newest
@@ -378,26 +482,20 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
     };
     let mut run = Run::new(recipe, data, comm, opts)?;
     let mut out = Outputs::new(&run, opts)?;
-    let (start, started) = (run.progress.step, Instant::now());
+    let (start, started) = (run.progress().step, Instant::now());
     let mut tally = Tally::default();
     // (iteration, loss, lr) of a non-finite loss: the same on every rank (the loss is summed from the
     // gathered stats), so all ranks stop together.
     let mut diverged: Option<(usize, f64, f32)> = None;
     let mut stopped: Option<StopSignal> = None;
-    'epochs: while run.progress.epoch < recipe.train.epochs {
-        let epoch = run.progress.epoch;
-        let plan = EpochPlan::new(data.train.len(), recipe.train.global_batch, recipe.train.seed, epoch as u64);
-        if run.progress.batch_in_epoch == 0 {
-            run.progress.epoch_loss = (0.0, 0);
-        }
-        for t in run.progress.batch_in_epoch..plan.iterations() {
-            if run.progress.step >= run.total_iters {
+    'epochs: while run.progress().epoch < recipe.train.epochs {
+        let plan = run.epoch_plan();
+        for t in run.progress().batch_in_epoch..plan.iterations() {
+            if run.progress().step >= run.total_iters() {
                 break 'epochs;
             }
-            let rec = run.step(plan.batch(t), epoch)?;
+            let rec = run.step(plan.batch(t))?;
             tally.add(&rec);
-            run.progress.epoch_loss.0 += rec.loss;
-            run.progress.epoch_loss.1 += 1;
             let finite = rec.loss.is_finite();
             if !finite {
                 diverged = Some((rec.iter, rec.loss, rec.lr));
@@ -406,22 +504,20 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
             if !finite {
                 break 'epochs;
             }
-            run.progress.step += 1;
-            run.progress.batch_in_epoch = t + 1;
             out.checkpoint_if_due(&mut run)?;
             stopped = run.stop_signal();
             if stopped.is_some() {
                 break 'epochs;
             }
         }
-        run.balancer.end_epoch();
-        out.end_epoch(&mut run, epoch);
-        run.progress.epoch = epoch + 1;
-        run.progress.batch_in_epoch = 0;
+        let epoch = run.progress().epoch;
+        if let Some(ev) = run.end_epoch() {
+            out.epoch_line(&run, epoch, &ev);
+        }
     }
     out.bar.finish_and_clear();
     out.last_record(run.last_columns())?;
-    if diverged.is_none() && run.progress.step > start {
+    if diverged.is_none() && run.progress().step > start {
         out.final_checkpoint(&mut run)?;
     }
     if let Some((iter, loss, lr)) = diverged {
@@ -431,12 +527,12 @@ pub fn train(recipe: &Recipe, data: &Splits, comm: &dyn Communicator, opts: &Run
         let saved = match &out.checkpoint_dir {
             Some(dir) => format!(
                 "its checkpoint is {}; continue with --resume auto (or --resume {})",
-                checkpoint::step_dir(dir, run.progress.step).display(),
+                checkpoint::step_dir(dir, run.progress().step).display(),
                 dir.display()
             ),
             None => "no checkpoint was written (no --checkpoint-dir)".to_string(),
         };
-        return Err(Error::Preempted { signal: signal.to_string(), iterations: run.progress.step, saved });
+        return Err(Error::Preempted { signal: signal.to_string(), iterations: run.progress().step, saved });
     }
     Ok(summary(&mut run, &tally, started))
 }
@@ -461,20 +557,20 @@ impl Tally {
 
 /// The summary of a finished run, after its final evaluation (if the last epoch had none).
 fn summary(run: &mut Run, tally: &Tally, started: Instant) -> Summary {
-    let epochs_run = run.progress.epoch;
-    if run.progress.evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
-        let ev = run.evaluate(epochs_run.saturating_sub(1));
-        run.progress.evals.push(ev);
+    let epochs_run = run.progress().epoch;
+    if run.progress().evals.last().is_none_or(|e| e.epoch + 1 != epochs_run) {
+        run.evaluate(epochs_run.saturating_sub(1));
     }
-    let last = *run.progress.evals.last().expect("evaluated at least once");
-    let (loss_sum, n) = run.progress.epoch_loss;
+    let progress = run.progress();
+    let last = *progress.evals.last().expect("evaluated at least once");
+    let (loss_sum, n) = progress.epoch_loss;
     Summary {
         recipe: run.recipe.name.clone(),
         policy: run.recipe.balance.policy,
         isa: crate::kernels::isa::Isa::active(),
         world_size: run.comm.world_size(),
         threads_per_rank: run.threads_per_rank(),
-        iterations: run.progress.step,
+        iterations: progress.step,
         epochs: epochs_run,
         test_accuracy: last.accuracy,
         test_loss: last.loss,
@@ -482,7 +578,7 @@ fn summary(run: &mut Run, tally: &Tally, started: Instant) -> Summary {
         last_epoch_loss: loss_sum / n.max(1) as f64,
         wall_s: started.elapsed().as_secs_f64(),
         samples_per_s: tally.samples as f64 / tally.train_s.max(1e-9),
-        evals: run.progress.evals.clone(),
+        evals: progress.evals.clone(),
         stragglers: tally.stragglers.report(),
     }
 }
@@ -505,11 +601,11 @@ struct Outputs {
 impl Outputs {
     fn new(run: &Run, opts: &RunOptions) -> Result<Outputs> {
         let rank0 = run.comm.rank() == 0;
-        let bar = progress_bar(rank0 && opts.progress, run.total_iters);
-        bar.set_position(run.progress.step.min(run.total_iters) as u64);
+        let bar = progress_bar(rank0 && opts.progress, run.total_iters());
+        bar.set_position(run.progress().step.min(run.total_iters()) as u64);
         let metrics = match (&opts.metrics, rank0, run.resumed) {
             (Some(p), true, false) => Some(JsonlWriter::streaming(p)?),
-            (Some(p), true, true) => Some(JsonlWriter::resume_records(p, run.progress.step)?),
+            (Some(p), true, true) => Some(JsonlWriter::resume_records(p, run.progress().step)?),
             _ => None,
         };
         Ok(Outputs {
@@ -553,7 +649,7 @@ impl Outputs {
     }
 
     fn checkpoint_if_due(&mut self, run: &mut Run) -> Result<()> {
-        if self.checkpoint_every.is_some_and(|k| run.progress.step.is_multiple_of(k)) {
+        if self.checkpoint_every.is_some_and(|k| run.progress().step.is_multiple_of(k)) {
             self.save(run)?;
         }
         Ok(())
@@ -561,7 +657,7 @@ impl Outputs {
 
     /// The checkpoint after the last iteration, unless the last one written is it.
     fn final_checkpoint(&mut self, run: &mut Run) -> Result<()> {
-        if self.last_saved != Some(run.progress.step) {
+        if self.last_saved != Some(run.progress().step) {
             self.save(run)?;
         }
         Ok(())
@@ -570,33 +666,30 @@ impl Outputs {
     fn save(&mut self, run: &mut Run) -> Result<()> {
         if let Some(dir) = &self.checkpoint_dir {
             run.save(dir, self.keep)?;
-            self.last_saved = Some(run.progress.step);
+            self.last_saved = Some(run.progress().step);
         }
         Ok(())
     }
 
-    /// The evaluation at the end of `epoch` when one is due, and its line.
-    fn end_epoch(&mut self, run: &mut Run, epoch: usize) {
-        let (done, epochs) = (epoch + 1, run.recipe.train.epochs);
-        if done % run.recipe.train.eval_every_epochs != 0 && done != epochs {
+    /// The line of `epoch`, just ended with the evaluation `ev`.
+    fn epoch_line(&self, run: &Run, epoch: usize, ev: &EvalResult) {
+        if !(self.rank0 && self.progress) {
             return;
         }
-        let ev = run.evaluate(epoch);
-        if self.rank0 && self.progress {
-            let (sum, n) = run.progress.epoch_loss;
-            let line = format!(
-                "epoch {done}/{epochs}: train loss {:.4}  test loss {:.4}  test accuracy {:.2}%",
-                sum / n.max(1) as f64,
-                ev.loss,
-                100.0 * ev.accuracy
-            );
-            if self.bar.is_hidden() {
-                eprintln!("{line}");
-            } else {
-                self.bar.println(line);
-            }
+        let (sum, n) = run.progress().epoch_loss;
+        let line = format!(
+            "epoch {}/{}: train loss {:.4}  test loss {:.4}  test accuracy {:.2}%",
+            epoch + 1,
+            run.recipe.train.epochs,
+            sum / n.max(1) as f64,
+            ev.loss,
+            100.0 * ev.accuracy
+        );
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
         }
-        run.progress.evals.push(ev);
     }
 }
 
