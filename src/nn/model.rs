@@ -5,6 +5,11 @@
 //! [`Model::forward_backward`] runs the layers' forward passes, the fused loss and the backward
 //! passes in reverse, leaving `Σ_j ∂ℓ_j/∂θ · scale` in [`Model::grads`].
 //!
+//! Users see ndarray: [`Model::param`], [`Model::param_mut`] and [`Model::grad`] lend one tensor by
+//! name as a view into the flat buffers, [`Model::params_named`] all of them.
+//! [`Model::save_safetensors`] and [`Model::load_safetensors`] write and read the parameters under
+//! the same names.
+//!
 //! A recipe's `[model] layers` list is built here into a [`Chain`] of layers, checking every shape
 //! first: an impossible recipe (a kernel larger than its input, channels not divisible into groups,
 //! a residual body whose output does not match its shortcut) is an [`Error::Config`] naming the
@@ -21,7 +26,9 @@ use crate::nn::norm::GroupNorm;
 use crate::nn::params::ParamTable;
 use crate::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 use crate::nn::residual::Residual;
+use ndarray::{ArrayViewD, ArrayViewMutD};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// One layer of a recipe's `[model] layers` list (`{ type = "conv2d", out_channels = 6, kernel = 5 }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -325,6 +332,52 @@ impl Model {
         self.chain.output(b)
     }
 
+    /// Parameter `name` (as listed in [`Model::table`], e.g. `layers.1.weight`) as a view of its
+    /// shape into [`Model::params`].
+    pub fn param(&self, name: &str) -> Result<ArrayViewD<'_, f32>> {
+        self.table.view(&self.params, name)
+    }
+
+    /// Parameter `name` as a mutable view: writes change the model.
+    pub fn param_mut(&mut self, name: &str) -> Result<ArrayViewMutD<'_, f32>> {
+        self.table.view_mut(&mut self.params, name)
+    }
+
+    /// The gradient of parameter `name` from the last backward pass, shaped like the parameter.
+    pub fn grad(&self, name: &str) -> Result<ArrayViewD<'_, f32>> {
+        self.table.view(&self.grads, name)
+    }
+
+    /// Every parameter with its name, in table order.
+    pub fn params_named(&self) -> impl Iterator<Item = (&str, ArrayViewD<'_, f32>)> {
+        self.table.views(&self.params)
+    }
+
+    /// Every parameter with its name, mutably (to initialise or edit them by name).
+    pub fn params_named_mut(&mut self) -> impl Iterator<Item = (&str, ArrayViewMutD<'_, f32>)> {
+        self.table.views_mut(&mut self.params)
+    }
+
+    /// Every parameter's gradient with the parameter's name, in table order.
+    pub fn grads_named(&self) -> impl Iterator<Item = (&str, ArrayViewD<'_, f32>)> {
+        self.table.views(&self.grads)
+    }
+
+    /// Writes the parameters as the safetensors file `path`, one F32 tensor per parameter under its
+    /// name (the format of a checkpoint's `model.safetensors`).
+    pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.table.write_safetensors(path.as_ref(), &[("", &self.params)])
+    }
+
+    /// Reads the parameters from the safetensors file `path`. The file must hold exactly this
+    /// model's tensors by name, as F32 in their shapes; otherwise the model is left unchanged and
+    /// the error names the file, the tensor and what is wrong.
+    pub fn load_safetensors(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let params = self.table.read_safetensors(path.as_ref(), &[""])?.remove(0);
+        self.params.copy_from_slice(&params);
+        Ok(())
+    }
+
     fn forward_layers(&mut self, b: usize, mode: Mode) {
         assert!(b <= self.capacity, "batch {b} exceeds model capacity {}", self.capacity);
         let pass = Pass { mode, sample_ids: &self.ids[..b] };
@@ -376,6 +429,70 @@ mod tests {
         let names: Vec<_> = m.table.entries().iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias"]);
         assert_eq!(m.params.len(), 5 * 4 + 5 + 3 * 5 + 3);
+    }
+
+    #[test]
+    fn parameters_and_gradients_are_views_of_the_flat_buffers_by_name() {
+        let mut m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        let e = m.table.get("layers.3.weight").unwrap().clone();
+        let w = m.param("layers.3.weight").unwrap();
+        assert_eq!(w.shape(), [3, 5]);
+        assert_eq!(w[[2, 1]], m.params[e.offset + 2 * 5 + 1]);
+        m.param_mut("layers.3.bias").unwrap()[[1]] = 0.75;
+        assert_eq!(m.params[e.offset + 15 + 1], 0.75);
+        m.grads[e.offset + 7] = 2.5;
+        assert_eq!(m.grad("layers.3.weight").unwrap()[[1, 2]], 2.5);
+        let err = m.param("layers.2.weight").unwrap_err().to_string();
+        assert!(err.contains("`layers.2.weight`") && err.contains("`layers.1.weight` [5, 4]"), "{err}");
+        assert!(m.grad("nope").is_err() && m.param_mut("").is_err());
+    }
+
+    #[test]
+    fn named_iteration_gives_every_tensor_in_table_order() {
+        let mut m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        for (name, mut g) in m.table.views_mut(&mut m.grads) {
+            g.fill(if name.ends_with("bias") { 1.0 } else { 0.0 });
+        }
+        let params: Vec<(&str, Vec<usize>)> = m.params_named().map(|(n, v)| (n, v.shape().to_vec())).collect();
+        let grads: Vec<(&str, f32)> = m.grads_named().map(|(n, g)| (n, g.sum())).collect();
+        assert_eq!(
+            params,
+            [
+                ("layers.1.weight", vec![5, 4]),
+                ("layers.1.bias", vec![5]),
+                ("layers.3.weight", vec![3, 5]),
+                ("layers.3.bias", vec![3])
+            ]
+        );
+        assert_eq!(
+            grads,
+            [("layers.1.weight", 0.0), ("layers.1.bias", 5.0), ("layers.3.weight", 0.0), ("layers.3.bias", 3.0)]
+        );
+        for (_, mut p) in m.params_named_mut() {
+            p.fill(0.0);
+        }
+        assert!(m.params.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn safetensors_round_trip_by_name_and_refuse_another_model() {
+        let dir = std::env::temp_dir().join(format!("lbbsp-model-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mlp.safetensors");
+        let mut a = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        a.param_mut("layers.3.bias").unwrap().fill(0.25);
+        a.save_safetensors(&path).unwrap();
+        let mut b = Model::new(&mlp(), &[1, 2, 2], 3, 2).unwrap();
+        assert_ne!(a.params, b.params);
+        b.load_safetensors(&path).unwrap();
+        assert_eq!(a.params, b.params);
+        // Wider first layer: same names, another shape; the model stays as it was.
+        let mut wide = Model::new(&mlp(), &[1, 3, 2], 3, 1).unwrap();
+        let before = wide.params.clone();
+        let e = wide.load_safetensors(&path).unwrap_err().to_string();
+        assert!(e.contains("mlp.safetensors") && e.contains("`layers.1.weight` has shape [5, 4]"), "{e}");
+        assert_eq!(wide.params, before);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! One buffer means one broadcast at start-up, one allreduce per iteration, one optimizer loop and one
 //! checkpoint slice, with no packing step (as in llm.c's `malloc_and_point_parameters`).
 //!
-//! [`ParamTable::to_safetensors`] / [`ParamTable::from_safetensors`] write and read such buffers as
-//! safetensors files under the tensors' names.
+//! Users see tensors, not offsets: [`ParamTable::view`] and [`ParamTable::views`] lend any buffer
+//! laid out by the table (parameters, gradients, an optimizer's moments) as ndarray views of each
+//! tensor's shape, without copying, and [`ParamTable::to_safetensors`] /
+//! [`ParamTable::from_safetensors`] write and read such buffers as safetensors files under the
+//! same names.
 
 use crate::error::{Error, Result};
+use ndarray::{ArrayViewD, ArrayViewMutD, IxDyn};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -67,6 +71,61 @@ impl ParamTable {
     pub fn get(&self, name: &str) -> Option<&ParamEntry> {
         self.entries.iter().find(|e| e.name == name)
     }
+
+    /// The entry `name`, or an error listing the names (and shapes) the table holds.
+    pub fn entry(&self, name: &str) -> Result<&ParamEntry> {
+        self.get(name).ok_or_else(|| {
+            let known: Vec<String> = self.entries.iter().map(|e| format!("`{}` {:?}", e.name, e.shape)).collect();
+            Error::UnknownParam { name: name.to_string(), known: known.join(", ") }
+        })
+    }
+
+    /// Tensor `name` of `buf` (a buffer laid out by this table) as a view of its shape.
+    pub fn view<'a>(&self, buf: &'a [f32], name: &str) -> Result<ArrayViewD<'a, f32>> {
+        self.check_layout(buf.len());
+        let e = self.entry(name)?;
+        Ok(shaped(e, &buf[e.range()]))
+    }
+
+    /// Tensor `name` of `buf` as a mutable view of its shape: writes land in `buf`.
+    pub fn view_mut<'a>(&self, buf: &'a mut [f32], name: &str) -> Result<ArrayViewMutD<'a, f32>> {
+        self.check_layout(buf.len());
+        let e = self.entry(name)?;
+        Ok(shaped_mut(e, &mut buf[e.range()]))
+    }
+
+    /// Every tensor of `buf` with its name, in table order.
+    pub fn views<'a>(&'a self, buf: &'a [f32]) -> impl Iterator<Item = (&'a str, ArrayViewD<'a, f32>)> {
+        self.check_layout(buf.len());
+        self.entries.iter().map(move |e| (e.name.as_str(), shaped(e, &buf[e.range()])))
+    }
+
+    /// Every tensor of `buf` with its name, mutably, in table order.
+    pub fn views_mut<'a>(&'a self, buf: &'a mut [f32]) -> impl Iterator<Item = (&'a str, ArrayViewMutD<'a, f32>)> {
+        self.check_layout(buf.len());
+        // The entries tile the buffer in order, so each takes the next piece of what is left.
+        let mut rest = buf;
+        self.entries.iter().map(move |e| {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(e.len());
+            rest = tail;
+            (e.name.as_str(), shaped_mut(e, head))
+        })
+    }
+
+    /// A buffer of another length is not laid out by this table: a caller's bug, like a layer fed
+    /// the wrong width.
+    fn check_layout(&self, len: usize) {
+        assert_eq!(len, self.total, "a buffer of {len} values is not laid out by this table of {} values", self.total);
+    }
+}
+
+/// `values` (entry `e`'s piece of a buffer) in `e`'s shape.
+fn shaped<'a>(e: &ParamEntry, values: &'a [f32]) -> ArrayViewD<'a, f32> {
+    ArrayViewD::from_shape(IxDyn(&e.shape), values).expect("an entry's piece holds its shape")
+}
+
+fn shaped_mut<'a>(e: &ParamEntry, values: &'a mut [f32]) -> ArrayViewMutD<'a, f32> {
+    ArrayViewMutD::from_shape(IxDyn(&e.shape), values).expect("an entry's piece holds its shape")
 }
 
 // ---- safetensors ----
@@ -123,7 +182,10 @@ impl ParamTable {
             for e in &self.entries {
                 let name = tensor_name(prefix, &e.name);
                 let t = st.tensor(&name).map_err(|_| {
-                    file_err(path, format!("has no tensor `{name}` (F32 {:?}), which the model needs; {OTHER_MODEL}", e.shape))
+                    file_err(
+                        path,
+                        format!("has no tensor `{name}` (F32 {:?}), which the model needs; {OTHER_MODEL}", e.shape),
+                    )
                 })?;
                 if t.dtype() != Dtype::F32 {
                     let msg = format!(
@@ -134,7 +196,11 @@ impl ParamTable {
                     return Err(file_err(path, msg));
                 }
                 if t.shape() != e.shape.as_slice() {
-                    let msg = format!("tensor `{name}` has shape {:?}, the model needs {:?}; {OTHER_MODEL}", t.shape(), e.shape);
+                    let msg = format!(
+                        "tensor `{name}` has shape {:?}, the model needs {:?}; {OTHER_MODEL}",
+                        t.shape(),
+                        e.shape
+                    );
                     return Err(file_err(path, msg));
                 }
                 for (v, c) in flat[e.range()].iter_mut().zip(t.data().chunks_exact(4)) {
@@ -148,7 +214,10 @@ impl ParamTable {
         let extra: BTreeSet<&str> = st.names().into_iter().filter(|n| !known.contains(*n)).collect();
         if let Some(first) = extra.first() {
             let more = if extra.len() > 1 { format!(" (and {} more)", extra.len() - 1) } else { String::new() };
-            return Err(file_err(path, format!("holds tensor `{first}`{more}, which the model does not have; {OTHER_MODEL}")));
+            return Err(file_err(
+                path,
+                format!("holds tensor `{first}`{more}, which the model does not have; {OTHER_MODEL}"),
+            ));
         }
         Ok(out)
     }
@@ -193,6 +262,42 @@ mod tests {
         (t, buf)
     }
 
+    #[test]
+    fn views_read_the_buffer_at_each_offset_in_each_shape() {
+        let (t, mut buf) = two();
+        let w = t.view(&buf, "a.weight").unwrap();
+        assert_eq!(w.shape(), [2, 3]);
+        assert_eq!(w[[1, 0]], 3.0);
+        let b = t.view(&buf, "a.bias").unwrap();
+        assert_eq!(b.shape(), [3]);
+        assert_eq!(b.as_slice().unwrap(), [6.0, 7.0, 8.0]);
+        t.view_mut(&mut buf, "a.weight").unwrap()[[1, 2]] = -1.0;
+        assert_eq!(buf[5], -1.0);
+        let named: Vec<(&str, Vec<usize>, f32)> =
+            t.views(&buf).map(|(n, v)| (n, v.shape().to_vec(), v.sum())).collect();
+        assert_eq!(named, [("a.weight", vec![2, 3], 9.0), ("a.bias", vec![3], 21.0)]);
+        for (name, mut v) in t.views_mut(&mut buf) {
+            v.fill(if name == "a.bias" { 0.5 } else { 2.0 });
+        }
+        assert_eq!(buf, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.5, 0.5, 0.5]);
+    }
+
+    #[test]
+    fn an_unknown_name_is_an_error_listing_the_known_ones() {
+        let (t, buf) = two();
+        let e = t.view(&buf, "a.weights").unwrap_err();
+        assert!(matches!(&e, Error::UnknownParam { name, .. } if name == "a.weights"), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains("`a.weights`") && e.contains("`a.weight` [2, 3], `a.bias` [3]"), "{e}");
+    }
+
+    #[test]
+    #[should_panic(expected = "not laid out by this table")]
+    fn a_buffer_of_another_length_is_refused() {
+        let (t, buf) = two();
+        let _ = t.view(&buf[..8], "a.bias");
+    }
+
     fn scratch(name: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("lbbsp-params-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -221,7 +326,8 @@ mod tests {
     fn file_of(tensors: &[(&str, Dtype, &[usize])]) -> Vec<u8> {
         let raw: Vec<Vec<u8>> =
             tensors.iter().map(|(_, d, s)| vec![0; d.bitsize() / 8 * s.iter().product::<usize>()]).collect();
-        let views = tensors.iter().zip(&raw).map(|((n, d, s), r)| (n.to_string(), TensorView::new(*d, s.to_vec(), r).unwrap()));
+        let views =
+            tensors.iter().zip(&raw).map(|((n, d, s), r)| (n.to_string(), TensorView::new(*d, s.to_vec(), r).unwrap()));
         safetensors::serialize(views, None).unwrap()
     }
 
