@@ -6,9 +6,10 @@
 //! passes in reverse, leaving `Σ_j ∂ℓ_j/∂θ · scale` in [`Model::grads`].
 //!
 //! Users see ndarray: [`Model::param`], [`Model::param_mut`] and [`Model::grad`] lend one tensor by
-//! name as a view into the flat buffers, [`Model::params_named`] all of them.
-//! [`Model::save_safetensors`] and [`Model::load_safetensors`] write and read the parameters under
-//! the same names.
+//! name as a view into the flat buffers, [`Model::params_named`] all of them, the batch goes in
+//! through [`Model::input_mut`] (`b × sample shape`) and the logits come out of [`Model::logits`]
+//! (`b × classes`). [`Model::save_safetensors`] and [`Model::load_safetensors`] write and read the
+//! parameters under the same names.
 //!
 //! A recipe's `[model] layers` list is built here into a [`Chain`] of layers, checking every shape
 //! first: an impossible recipe (a kernel larger than its input, channels not divisible into groups,
@@ -26,7 +27,7 @@ use crate::nn::norm::GroupNorm;
 use crate::nn::params::ParamTable;
 use crate::nn::pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 use crate::nn::residual::Residual;
-use ndarray::{ArrayViewD, ArrayViewMutD};
+use ndarray::{ArrayView2, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -320,16 +321,25 @@ impl Model {
         self.chain.out_len()
     }
 
-    /// Buffers for a batch of `b` rows: inputs (`b × input_dim`), labels and dataset indices.
-    pub fn input_mut(&mut self, b: usize) -> (&mut [f32], &mut [u32], &mut [usize]) {
+    /// Buffers for a batch of `b` samples: the inputs as a `b × sample shape` view (`b×C×H×W` for
+    /// images, `b×D` for feature vectors), in standard layout so that `as_slice_mut` gives its rows;
+    /// the labels; and the samples' dataset indices (keys of per-sample randomness such as dropout).
+    pub fn input_mut(&mut self, b: usize) -> (ArrayViewMutD<'_, f32>, &mut [u32], &mut [usize]) {
         assert!(b <= self.capacity, "batch {b} exceeds model capacity {}", self.capacity);
+        let sample = self.chain.input_shape();
+        // Built in place rather than collected: an `IxDyn` of up to four axes lives inline, which
+        // keeps the training step free of allocations (tests/alloc.rs).
+        let mut shape = IxDyn::zeros(1 + sample.len());
+        shape[0] = b;
+        shape.slice_mut()[1..].copy_from_slice(sample);
         let d = self.input_dim();
-        (&mut self.input[..b * d], &mut self.labels[..b], &mut self.ids[..b])
+        let x = ArrayViewMutD::from_shape(shape, &mut self.input[..b * d]).expect("b rows of the input's shape");
+        (x, &mut self.labels[..b], &mut self.ids[..b])
     }
 
     /// Logits of the last forward pass (`b × output_dim`).
-    pub fn logits(&self, b: usize) -> &[f32] {
-        self.chain.output(b)
+    pub fn logits(&self, b: usize) -> ArrayView2<'_, f32> {
+        ArrayView2::from_shape((b, self.output_dim()), self.chain.output(b)).expect("b rows of logits")
     }
 
     /// Parameter `name` (as listed in [`Model::table`], e.g. `layers.1.weight`) as a view of its
@@ -388,7 +398,7 @@ impl Model {
     pub fn forward(&mut self, b: usize, mode: Mode) -> LossStats {
         self.forward_layers(b, mode);
         let w = self.output_dim();
-        self.loss.evaluate(self.logits(b), &self.labels[..b], w, 1.0, None)
+        self.loss.evaluate(self.chain.output(b), &self.labels[..b], w, 1.0, None)
     }
 
     /// Forward and backward over `b` rows: `grads = scale · Σ_rows ∂ℓ/∂θ`.
@@ -472,6 +482,33 @@ mod tests {
             p.fill(0.0);
         }
         assert!(m.params.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn a_batch_goes_in_by_sample_shape_and_logits_come_out_b_by_classes() {
+        let mut m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        m.set_capacity(4);
+        let (mut x, y, _) = m.input_mut(2);
+        assert_eq!(x.shape(), [2, 1, 2, 2]);
+        x.slice_mut(ndarray::s![1, .., .., ..]).fill(1.0);
+        y.copy_from_slice(&[0, 2]);
+        assert_eq!(m.input[..8], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
+        let stats = m.forward(2, Mode { train: false, seed: 0, epoch: 0 });
+        let logits = m.logits(2);
+        assert_eq!(logits.dim(), (2, 3));
+        // Row 0 saw zeros: its logits are the last layer's bias after tanh(first bias).
+        let vector = |name: &str| m.param(name).unwrap().into_dimensionality::<ndarray::Ix1>().unwrap();
+        let w = m.param("layers.3.weight").unwrap().into_dimensionality::<ndarray::Ix2>().unwrap();
+        let want = w.dot(&vector("layers.1.bias").mapv(f32::tanh)) + vector("layers.3.bias");
+        for (got, want) in logits.row(0).iter().zip(&want) {
+            assert!((got - want).abs() < 1e-6, "{logits} vs {want}");
+        }
+        let loss = |r: usize| {
+            let row = logits.row(r);
+            let lse = row.mapv(|v| (v as f64).exp()).sum().ln();
+            lse - row[[0, 2][r]] as f64
+        };
+        assert!((stats.loss_sum - loss(0) - loss(1)).abs() < 1e-5, "{stats:?}");
     }
 
     #[test]
