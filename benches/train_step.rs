@@ -41,7 +41,7 @@ fn setup(spec: &ModelSpec, opt: &OptimizerConfig, b: usize) -> (Model, Optimizer
     let mut m = Model::new(spec, &[1, 28, 28], classes, 1).expect("model");
     m.set_capacity(b);
     let mut rng = Rng::from_keys(&[1]);
-    let (x, y, ids) = m.input_mut(b);
+    let (mut x, y, ids) = m.input_mut(b);
     x.iter_mut().for_each(|v| *v = rng.uniform(1.0));
     y.iter_mut().for_each(|v| *v = rng.below(classes) as u32);
     ids.iter_mut().enumerate().for_each(|(i, v)| *v = i);

@@ -40,6 +40,10 @@ pub enum Error {
     /// A checkpoint or weights file is missing, damaged, or was written for another model.
     #[error("{path}: {msg}")]
     Checkpoint { path: PathBuf, msg: String },
+    /// A parameter name that a model's table does not hold; `known` lists the names it does, with
+    /// their shapes.
+    #[error("the model has no parameter `{name}`; its parameters are {known}")]
+    UnknownParam { name: String, known: String },
     /// The training loss became NaN or infinite: every later step would be wasted.
     #[error(
         "training diverged at iteration {iter}: the loss is {loss} at learning rate {lr}; lower `optimizer.lr`, \

@@ -45,6 +45,33 @@
 //!   readers, [`Dataset`]);
 //! - kernels: [`kernels::gemm::gemm`] and the instruction-set tier ([`Isa`], [`IsaChoice`]); the
 //!   packing, dot-product and convolution tiles and the thread team are internal.
+//!
+//! ## Models in ndarray
+//!
+//! A [`Model`] keeps its parameters in one flat buffer (one allreduce, one optimizer loop) and lends
+//! them by name as ndarray views, without copying; a batch goes in as a view of the samples' shape
+//! and the logits come out as an `ArrayView2`:
+//!
+//! ```
+//! use lbbsp::nn::{layers::Mode, loss::Loss, model::{LayerSpec, Model, ModelSpec}};
+//!
+//! let layers = vec![LayerSpec::Flatten, LayerSpec::Linear { out: 10 }];
+//! let mut model = Model::new(&ModelSpec { layers, loss: Loss::SoftmaxCrossEntropy }, &[1, 28, 28], 10, 7)?;
+//! assert_eq!(model.param("layers.1.weight")?.shape(), [10, 784]);
+//! model.param_mut("layers.1.bias")?.fill(0.1);
+//! for (name, p) in model.params_named() {
+//!     println!("{name} {:?}", p.shape());
+//! }
+//! model.set_capacity(32);
+//! let (mut x, labels, _ids) = model.input_mut(32); // x: 32×1×28×28
+//! x.fill(0.5);
+//! labels.fill(3);
+//! let stats = model.forward(32, Mode { train: false, seed: 0, epoch: 0 });
+//! let logits = model.logits(32); // 32×10
+//! println!("loss {:.3}, first row {}", stats.loss_sum / 32.0, logits.row(0));
+//! model.save_safetensors(std::env::temp_dir().join("lbbsp-doc.safetensors"))?; // loads by the same names
+//! # Ok::<(), lbbsp::Error>(())
+//! ```
 
 pub mod balance;
 pub mod data;

@@ -135,8 +135,8 @@ fn step_allocations(recipe: &str, caller: Caller, warmup: usize, steps: usize) -
     let mut sync = GradSync::new(model.params.len(), 1);
     let mut step = |i: usize| {
         let slice = &order[(i % 4) * b..(i % 4 + 1) * b];
-        let (x, y, ids) = model.input_mut(b);
-        data.gather_into(slice, x, y);
+        let (mut x, y, ids) = model.input_mut(b);
+        data.gather_into(slice, x.as_slice_mut().expect("the model's input is row-major"), y);
         ids.copy_from_slice(slice);
         let mode = Mode { train: true, seed: 1, epoch: 0 };
         let stats = model.forward_backward(b, 1.0 / b as f32, mode);

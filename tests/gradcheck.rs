@@ -197,7 +197,7 @@ fn check_model(spec: ModelSpec, in_shape: &[usize], classes: usize, b: usize) {
     m.set_capacity(b);
     let mut rng = Rng::from_keys(&[9]);
     {
-        let (x, y, ids) = m.input_mut(b);
+        let (mut x, y, ids) = m.input_mut(b);
         x.iter_mut().for_each(|v| *v = rng.uniform(1.0));
         y.iter_mut().for_each(|v| *v = rng.below(classes) as u32);
         ids.iter_mut().enumerate().for_each(|(i, v)| *v = i);

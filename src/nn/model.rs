@@ -5,6 +5,12 @@
 //! [`Model::forward_backward`] runs the layers' forward passes, the fused loss and the backward
 //! passes in reverse, leaving `Σ_j ∂ℓ_j/∂θ · scale` in [`Model::grads`].
 //!
+//! Users see ndarray: [`Model::param`], [`Model::param_mut`] and [`Model::grad`] lend one tensor by
+//! name as a view into the flat buffers, [`Model::params_named`] all of them, the batch goes in
+//! through [`Model::input_mut`] (`b × sample shape`) and the logits come out of [`Model::logits`]
+//! (`b × classes`). [`Model::save_safetensors`] and [`Model::load_safetensors`] write and read the
+//! parameters under the same names.
+//!
 //! A recipe's `[model] layers` list is built here into a [`Chain`] of layers, checking every shape
 //! first: an impossible recipe (a kernel larger than its input, channels not divisible into groups,
 //! a residual body whose output does not match its shortcut) is an [`Error::Config`] naming the
@@ -21,8 +27,9 @@ use crate::nn::norm::GroupNorm;
 use crate::nn::params::ParamTable;
 use crate::nn::pool::{GlobalAvgPool, Pool2d, Reduce};
 use crate::nn::residual::Residual;
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewD, ArrayViewMut1, ArrayViewMut2, ArrayViewMutD, Dimension, IxDyn};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// One layer of a recipe's `[model] layers` list (`{ type = "conv2d", out_channels = 6, kernel = 5 }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -314,16 +321,71 @@ impl Model {
         self.chain.out_len()
     }
 
-    /// Buffers for a batch of `b` rows: inputs (`b × input_dim`), labels and dataset indices.
-    pub fn input_mut(&mut self, b: usize) -> (&mut [f32], &mut [u32], &mut [usize]) {
+    /// Buffers for a batch of `b` samples: the inputs as a `b × sample shape` view (`b×C×H×W` for
+    /// images, `b×D` for feature vectors), in standard layout so that `as_slice_mut` gives its rows;
+    /// the labels; and the samples' dataset indices (keys of per-sample randomness such as dropout).
+    pub fn input_mut(&mut self, b: usize) -> (ArrayViewMutD<'_, f32>, &mut [u32], &mut [usize]) {
         assert!(b <= self.capacity, "batch {b} exceeds model capacity {}", self.capacity);
+        let sample = self.chain.input_shape();
+        // Built in place rather than collected: an `IxDyn` of up to four axes lives inline, which
+        // keeps the training step free of allocations (tests/alloc.rs).
+        let mut shape = IxDyn::zeros(1 + sample.len());
+        shape[0] = b;
+        shape.slice_mut()[1..].copy_from_slice(sample);
         let d = self.input_dim();
-        (&mut self.input[..b * d], &mut self.labels[..b], &mut self.ids[..b])
+        let x = ArrayViewMutD::from_shape(shape, &mut self.input[..b * d]).expect("b rows of the input's shape");
+        (x, &mut self.labels[..b], &mut self.ids[..b])
     }
 
     /// Logits of the last forward pass (`b × output_dim`).
     pub fn logits(&self, b: usize) -> ArrayView2<'_, f32> {
         self.chain.output(b)
+    }
+
+    /// Parameter `name` (as listed in [`Model::table`], e.g. `layers.1.weight`) as a view of its
+    /// shape into [`Model::params`].
+    pub fn param(&self, name: &str) -> Result<ArrayViewD<'_, f32>> {
+        self.table.view(&self.params, name)
+    }
+
+    /// Parameter `name` as a mutable view: writes change the model.
+    pub fn param_mut(&mut self, name: &str) -> Result<ArrayViewMutD<'_, f32>> {
+        self.table.view_mut(&mut self.params, name)
+    }
+
+    /// The gradient of parameter `name` from the last backward pass, shaped like the parameter.
+    pub fn grad(&self, name: &str) -> Result<ArrayViewD<'_, f32>> {
+        self.table.view(&self.grads, name)
+    }
+
+    /// Every parameter with its name, in table order.
+    pub fn params_named(&self) -> impl Iterator<Item = (&str, ArrayViewD<'_, f32>)> {
+        self.table.views(&self.params)
+    }
+
+    /// Every parameter with its name, mutably (to initialise or edit them by name).
+    pub fn params_named_mut(&mut self) -> impl Iterator<Item = (&str, ArrayViewMutD<'_, f32>)> {
+        self.table.views_mut(&mut self.params)
+    }
+
+    /// Every parameter's gradient with the parameter's name, in table order.
+    pub fn grads_named(&self) -> impl Iterator<Item = (&str, ArrayViewD<'_, f32>)> {
+        self.table.views(&self.grads)
+    }
+
+    /// Writes the parameters as the safetensors file `path`, one F32 tensor per parameter under its
+    /// name (the format of a checkpoint's `model.safetensors`).
+    pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.table.write_safetensors(path.as_ref(), &[("", &self.params)])
+    }
+
+    /// Reads the parameters from the safetensors file `path`. The file must hold exactly this
+    /// model's tensors by name, as F32 in their shapes; otherwise the model is left unchanged and
+    /// the error names the file, the tensor and what is wrong.
+    pub fn load_safetensors(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let params = self.table.read_safetensors(path.as_ref(), &[""])?.remove(0);
+        self.params.copy_from_slice(&params);
+        Ok(())
     }
 
     fn forward_layers(&mut self, b: usize, mode: Mode) {
@@ -335,7 +397,7 @@ impl Model {
     /// Forward pass over the `b` rows in the input buffers; returns the loss sum and correct count.
     pub fn forward(&mut self, b: usize, mode: Mode) -> LossStats {
         self.forward_layers(b, mode);
-        self.loss.evaluate(self.logits(b), &self.labels[..b], 1.0, None)
+        self.loss.evaluate(self.chain.output(b), &self.labels[..b], 1.0, None)
     }
 
     /// Forward and backward over `b` rows: `grads = scale · Σ_rows ∂ℓ/∂θ`.
@@ -384,6 +446,97 @@ mod tests {
         let names: Vec<_> = m.table.entries().iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["layers.1.weight", "layers.1.bias", "layers.3.weight", "layers.3.bias"]);
         assert_eq!(m.params.len(), 5 * 4 + 5 + 3 * 5 + 3);
+    }
+
+    #[test]
+    fn parameters_and_gradients_are_views_of_the_flat_buffers_by_name() {
+        let mut m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        let e = m.table.get("layers.3.weight").unwrap().clone();
+        let w = m.param("layers.3.weight").unwrap();
+        assert_eq!(w.shape(), [3, 5]);
+        assert_eq!(w[[2, 1]], m.params[e.offset + 2 * 5 + 1]);
+        m.param_mut("layers.3.bias").unwrap()[[1]] = 0.75;
+        assert_eq!(m.params[e.offset + 15 + 1], 0.75);
+        m.grads[e.offset + 7] = 2.5;
+        assert_eq!(m.grad("layers.3.weight").unwrap()[[1, 2]], 2.5);
+        let err = m.param("layers.2.weight").unwrap_err().to_string();
+        assert!(err.contains("`layers.2.weight`") && err.contains("`layers.1.weight` [5, 4]"), "{err}");
+        assert!(m.grad("nope").is_err() && m.param_mut("").is_err());
+    }
+
+    #[test]
+    fn named_iteration_gives_every_tensor_in_table_order() {
+        let mut m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        for (name, mut g) in m.table.views_mut(&mut m.grads) {
+            g.fill(if name.ends_with("bias") { 1.0 } else { 0.0 });
+        }
+        let params: Vec<(&str, Vec<usize>)> = m.params_named().map(|(n, v)| (n, v.shape().to_vec())).collect();
+        let grads: Vec<(&str, f32)> = m.grads_named().map(|(n, g)| (n, g.sum())).collect();
+        assert_eq!(
+            params,
+            [
+                ("layers.1.weight", vec![5, 4]),
+                ("layers.1.bias", vec![5]),
+                ("layers.3.weight", vec![3, 5]),
+                ("layers.3.bias", vec![3])
+            ]
+        );
+        assert_eq!(
+            grads,
+            [("layers.1.weight", 0.0), ("layers.1.bias", 5.0), ("layers.3.weight", 0.0), ("layers.3.bias", 3.0)]
+        );
+        for (_, mut p) in m.params_named_mut() {
+            p.fill(0.0);
+        }
+        assert!(m.params.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn a_batch_goes_in_by_sample_shape_and_logits_come_out_b_by_classes() {
+        let mut m = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        m.set_capacity(4);
+        let (mut x, y, _) = m.input_mut(2);
+        assert_eq!(x.shape(), [2, 1, 2, 2]);
+        x.slice_mut(ndarray::s![1, .., .., ..]).fill(1.0);
+        y.copy_from_slice(&[0, 2]);
+        assert_eq!(m.input[..8], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
+        let stats = m.forward(2, Mode { train: false, seed: 0, epoch: 0 });
+        let logits = m.logits(2);
+        assert_eq!(logits.dim(), (2, 3));
+        // Row 0 saw zeros: its logits are the last layer's bias after tanh(first bias).
+        let vector = |name: &str| m.param(name).unwrap().into_dimensionality::<ndarray::Ix1>().unwrap();
+        let w = m.param("layers.3.weight").unwrap().into_dimensionality::<ndarray::Ix2>().unwrap();
+        let want = w.dot(&vector("layers.1.bias").mapv(f32::tanh)) + vector("layers.3.bias");
+        for (got, want) in logits.row(0).iter().zip(&want) {
+            assert!((got - want).abs() < 1e-6, "{logits} vs {want}");
+        }
+        let loss = |r: usize| {
+            let row = logits.row(r);
+            let lse = row.mapv(|v| (v as f64).exp()).sum().ln();
+            lse - row[[0, 2][r]] as f64
+        };
+        assert!((stats.loss_sum - loss(0) - loss(1)).abs() < 1e-5, "{stats:?}");
+    }
+
+    #[test]
+    fn safetensors_round_trip_by_name_and_refuse_another_model() {
+        let dir = std::env::temp_dir().join(format!("lbbsp-model-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mlp.safetensors");
+        let mut a = Model::new(&mlp(), &[1, 2, 2], 3, 1).unwrap();
+        a.param_mut("layers.3.bias").unwrap().fill(0.25);
+        a.save_safetensors(&path).unwrap();
+        let mut b = Model::new(&mlp(), &[1, 2, 2], 3, 2).unwrap();
+        assert_ne!(a.params, b.params);
+        b.load_safetensors(&path).unwrap();
+        assert_eq!(a.params, b.params);
+        // Wider first layer: same names, another shape; the model stays as it was.
+        let mut wide = Model::new(&mlp(), &[1, 3, 2], 3, 1).unwrap();
+        let before = wide.params.clone();
+        let e = wide.load_safetensors(&path).unwrap_err().to_string();
+        assert!(e.contains("mlp.safetensors") && e.contains("`layers.1.weight` has shape [5, 4]"), "{e}");
+        assert_eq!(wide.params, before);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -29,11 +29,8 @@ use crate::nn::params::ParamTable;
 use crate::train::metrics::EvalResult;
 use crate::train::optim::{Optimizer, OptimizerKind, OptimizerState};
 use crate::train::recipe::Recipe;
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -181,31 +178,8 @@ pub fn check_fresh(root: &Path) -> Result<()> {
 
 // ---- Writing ----
 
-fn le_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `buffers` (each laid out like the parameters) as one safetensors file; the tensor of parameter
-/// `p` in buffer `name` is called `name.p`, or just `p` when `name` is empty.
-fn to_safetensors(path: &Path, table: &ParamTable, buffers: &[(&str, &[f32])]) -> Result<Vec<u8>> {
-    let bytes: Vec<Vec<u8>> = buffers.iter().map(|(_, v)| le_bytes(v)).collect();
-    let mut views = Vec::new();
-    for ((prefix, values), raw) in buffers.iter().zip(&bytes) {
-        assert_eq!(values.len(), table.len(), "buffer `{prefix}` is not laid out like the parameters");
-        for e in table.entries() {
-            let name = if prefix.is_empty() { e.name.clone() } else { format!("{prefix}.{}", e.name) };
-            let view = TensorView::new(Dtype::F32, e.shape.clone(), &raw[4 * e.offset..4 * (e.offset + e.len())])
-                .map_err(|x| err(path, format!("tensor `{name}`: {x}")))?;
-            views.push((name, view));
-        }
-    }
-    // One metadata key only: the header stays byte-identical between runs (a map's order is not).
-    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize(views, Some(meta)).map_err(|x| err(path, x.to_string()))
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -227,8 +201,8 @@ fn digest(name: &str, bytes: &[u8]) -> FileDigest {
 pub fn save(root: &Path, snap: &Snapshot<'_>) -> Result<PathBuf> {
     let step = snap.progress.step;
     let dest = step_dir(root, step);
-    let model = to_safetensors(&dest.join(MODEL_FILE), snap.table, &[("", snap.params)])?;
-    let opt = to_safetensors(&dest.join(OPTIMIZER_FILE), snap.table, &snap.optimizer.buffers())?;
+    let model = snap.table.to_safetensors(&dest.join(MODEL_FILE), &[("", snap.params)])?;
+    let opt = snap.table.to_safetensors(&dest.join(OPTIMIZER_FILE), &snap.optimizer.buffers())?;
     let state = TrainingState {
         format: FORMAT,
         progress: snap.progress.clone(),
@@ -290,52 +264,6 @@ fn read_verified(dir: &Path, state: &TrainingState, name: &str) -> Result<Vec<u8
         return Err(err(&path, format!("corrupted: sha256 {actual}, {STATE_FILE} records {}", rec.sha256)));
     }
     Ok(bytes)
-}
-
-/// Decodes a safetensors file into buffers laid out like `table`: buffer `prefix` takes the tensors
-/// `prefix.<parameter>` (or `<parameter>` for an empty prefix). The file must hold exactly those
-/// tensors, as F32 with the table's shapes.
-fn from_safetensors(path: &Path, bytes: &[u8], table: &ParamTable, prefixes: &[&str]) -> Result<Vec<Vec<f32>>> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| err(path, format!("not a valid safetensors file ({e}): truncated or corrupted?")))?;
-    let other = "were these written for another recipe?";
-    let name_of = |prefix: &str, p: &str| {
-        if prefix.is_empty() {
-            p.to_string()
-        } else {
-            format!("{prefix}.{p}")
-        }
-    };
-    let mut out = Vec::with_capacity(prefixes.len());
-    for pre in prefixes {
-        let mut flat = vec![0.0f32; table.len()];
-        for e in table.entries() {
-            let name = name_of(pre, &e.name);
-            let t = st.tensor(&name).map_err(|_| {
-                err(path, format!("has no tensor `{name}` (F32 {:?}), which the recipe needs; {other}", e.shape))
-            })?;
-            if t.dtype() != Dtype::F32 || t.shape() != e.shape.as_slice() {
-                let msg = format!(
-                    "tensor `{name}` is {:?} {:?}, the recipe needs F32 {:?}; {other}",
-                    t.dtype(),
-                    t.shape(),
-                    e.shape
-                );
-                return Err(err(path, msg));
-            }
-            for (v, c) in flat[e.range()].iter_mut().zip(t.data().chunks_exact(4)) {
-                *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        out.push(flat);
-    }
-    let expected = prefixes.len() * table.entries().len();
-    if st.len() != expected {
-        let known = |n: &str| prefixes.iter().any(|pre| table.entries().iter().any(|e| name_of(pre, &e.name) == n));
-        let extra = st.names().into_iter().find(|n| !known(n)).unwrap_or_default();
-        return Err(err(path, format!("holds tensor `{extra}`, which the recipe does not have; {other}")));
-    }
-    Ok(out)
 }
 
 /// `state` as the bytes of `state.json`, its `checksum` set: the sha256 of the same
@@ -412,10 +340,10 @@ pub fn load(dir: &Path, table: &ParamTable, buffer_names: &[&str]) -> Result<Che
 fn load_tensors(dir: &Path, state: TrainingState, table: &ParamTable, buffer_names: &[&str]) -> Result<Checkpoint> {
     let model_path = dir.join(MODEL_FILE);
     let model = read_verified(dir, &state, MODEL_FILE)?;
-    let params = from_safetensors(&model_path, &model, table, &[""])?.remove(0);
+    let params = table.from_safetensors(&model_path, &model, &[""])?.remove(0);
     let opt_path = dir.join(OPTIMIZER_FILE);
     let opt = read_verified(dir, &state, OPTIMIZER_FILE)?;
-    let values = from_safetensors(&opt_path, &opt, table, buffer_names)?;
+    let values = table.from_safetensors(&opt_path, &opt, buffer_names)?;
     let buffers = buffer_names.iter().map(|n| n.to_string()).zip(values).collect();
     Ok(Checkpoint { dir: dir.to_path_buf(), state, params, buffers })
 }
@@ -476,15 +404,12 @@ pub fn read_weights(path: &Path, table: &ParamTable) -> Result<Vec<f32>> {
         Ok(state) if state.files.iter().any(|f| f.name == name) => read_verified(&dir, &state, &name)?,
         _ => std::fs::read(&path).map_err(|e| Error::io(&path, e))?,
     };
-    Ok(from_safetensors(&path, &bytes, table, &[""])?.remove(0))
+    Ok(table.from_safetensors(&path, &bytes, &[""])?.remove(0))
 }
 
 /// Writes `params` alone as a safetensors file (atomically: temporary file, fsync, rename).
 pub fn write_weights(path: &Path, table: &ParamTable, params: &[f32]) -> Result<()> {
-    let bytes = to_safetensors(path, table, &[("", params)])?;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    write_synced(&tmp, &bytes)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    table.write_safetensors(path, &[("", params)])
 }
 
 // ---- Resuming on every rank ----

@@ -275,8 +275,8 @@ impl<'a> Run<'a> {
         // ranks is the mean over the global batch whatever the split.
         self.sampler.mark();
         let (t0, cpu0) = (Instant::now(), crate::profile::process_cpu_s());
-        let (x, y, ids) = self.model.input_mut(slice.len());
-        self.data.train.gather_into(slice, x, y);
+        let (mut x, y, ids) = self.model.input_mut(slice.len());
+        self.data.train.gather_into(slice, x.as_slice_mut().expect("the model's input is row-major"), y);
         ids.copy_from_slice(slice);
         let mode = Mode { train: true, seed: self.recipe.train.seed, epoch: epoch as u64 };
         let local = self.model.forward_backward(slice.len(), 1.0 / batch.len() as f32, mode);
@@ -700,8 +700,8 @@ pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoc
     let mode = Mode { train: false, seed: 0, epoch: epoch as u64 };
     let mut sums = [0.0f64; 3];
     for chunk in idx.chunks(model.capacity()) {
-        let (x, y, ids) = model.input_mut(chunk.len());
-        test.gather_into(chunk, x, y);
+        let (mut x, y, ids) = model.input_mut(chunk.len());
+        test.gather_into(chunk, x.as_slice_mut().expect("the model's input is row-major"), y);
         ids.copy_from_slice(chunk);
         let st = model.forward(chunk.len(), mode);
         sums[0] += st.loss_sum;
