@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/bench_ab.sh BASE_REVISION [ROUNDS]}
 rounds=${2:-10}
-iters=${ITERS:-300}
+iters=${ITERS:-2000}
 work=target/bench-ab
 mkdir -p "$work"
 rev=$(git rev-parse --verify "$base^{commit}")
@@ -33,10 +33,10 @@ speed() {  # BIN WORKLOAD -> samples/s
 }
 for r in $(seq 1 "$rounds"); do
   for w in w1 w2; do
-    # A/B in random order, then A/A.
-    if [ $((RANDOM % 2)) = 0 ]; then order="new base"; else order="base new"; fi
-    for who in $order; do echo -e "$r\t$w\t$who\t$(speed "$who" "$w")" >>"$out"; done
-    echo -e "$r\t$w\tbase2\t$(speed base "$w")" >>"$out"
+    # This build, BASE, and BASE again (the A/A pair), in a random order.
+    for who in $(printf '%s\n' new base base2 | shuf); do
+      echo -e "$r\t$w\t$who\t$(speed "${who%2}" "$w")" >>"$out"
+    done
   done
   echo "bench_ab: round $r of $rounds done" >&2
 done

@@ -1,5 +1,6 @@
-//! Models as chains of layers, each a forward/backward pair over row-major mini-batches, with their
-//! parameters and gradients in one flat buffer each ([`params`]).
+//! Models as chains of layers, each a forward/backward pair over ndarray views of row-major
+//! mini-batches ([`layers::Layer`]), with their parameters and gradients in one flat buffer each,
+//! lent by name as views ([`params`]).
 
 pub mod chain;
 pub mod conv;
