@@ -19,9 +19,12 @@
 
 use crate::kernels::dot;
 use crate::kernels::isa::Isa;
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::pack::{MR, NR};
 use crate::kernels::team;
+#[cfg(target_arch = "x86_64")]
+use pack::{MR, NR};
+
+#[cfg(target_arch = "x86_64")]
+mod pack;
 
 /// A strided read-only view of `op(X)`: element `(i, j)` is at `i·rs + j·cs`. The GEMM's own
 /// (its packing reads either layout of either operand); layers speak ndarray.
@@ -569,8 +572,8 @@ mod tiled {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::pack::{pack_a_cols, pack_a_rows, pack_b_rows, pack_b_transposed};
     use super::{aligned, Packed, View, KC, MC, MR, NC, NR};
-    use crate::kernels::pack::{pack_a_cols, pack_a_rows, pack_b_rows, pack_b_transposed};
     use std::arch::x86_64::*;
 
     /// The blocked product for one C block (see [`super::Engine::run`]).

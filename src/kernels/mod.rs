@@ -7,7 +7,6 @@ pub(crate) mod correlate;
 pub(crate) mod dot;
 pub mod gemm;
 pub mod isa;
-pub(crate) mod pack;
 pub(crate) mod team;
 
 /// Grows a cache to at least `n` elements (never shrinks, so a steady-state step allocates nothing

@@ -1,10 +1,9 @@
-//! Packing of GEMM operands into the panels the AVX-512 kernel of [`crate::kernels::gemm`] streams: `op(A)`
+//! Packing of GEMM operands into the panels the AVX-512 kernel of [`super`] streams: `op(A)`
 //! into 12-row panels and `op(B)` into 32-column panels, depth-major and zero-padded. A transposed
 //! operand is read 16×16 at a time and turned with register transposes, so every load and store is
 //! a full vector whatever the layout.
-#![cfg(target_arch = "x86_64")]
 
-use crate::kernels::gemm::View;
+use super::View;
 use std::arch::x86_64::*;
 
 /// Rows of the AVX-512 register tile (broadcast from packed A).
