@@ -77,14 +77,14 @@ fn check_at(layer: &mut dyn Layer, x: &[f32], b: usize) {
         worst = worst.max(err);
         assert!(err < 2e-3, "{} param {i}: finite difference {fd} vs backward {}", layer.kind(), g[i]);
     }
-    for i in 0..x.len() {
+    for (i, &dxi) in dx.iter().enumerate() {
         let (mut xp, mut xm) = (x.clone(), x.clone());
         xp.as_slice_mut().unwrap()[i] += eps;
         xm.as_slice_mut().unwrap()[i] -= eps;
         let fd = (projected(layer, &p, &xp, &r) - projected(layer, &p, &xm, &r)) / (2.0 * eps as f64);
-        let err = (fd - dx[i] as f64).abs() / (1.0 + fd.abs());
+        let err = (fd - dxi as f64).abs() / (1.0 + fd.abs());
         worst = worst.max(err);
-        assert!(err < 2e-3, "{} input {i}: finite difference {fd} vs backward {}", layer.kind(), dx[i]);
+        assert!(err < 2e-3, "{} input {i}: finite difference {fd} vs backward {dxi}", layer.kind());
     }
     eprintln!("{}: worst relative error {worst:.2e}", layer.kind());
 }
