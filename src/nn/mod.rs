@@ -1,6 +1,7 @@
 //! Models as chains of layers, each a forward/backward pair over ndarray views of row-major
 //! mini-batches ([`layers::Layer`]), with their parameters and gradients in one flat buffer each,
-//! lent by name as views ([`params`]).
+//! lent by name as views ([`params`]). [`Trainable`] is what a training run needs of a model: the
+//! crate's [`model::Model`] implements it, and so can a model of your own.
 
 pub mod chain;
 pub mod conv;
@@ -12,3 +13,6 @@ pub mod norm;
 pub mod params;
 pub mod pool;
 pub mod residual;
+pub mod trainable;
+
+pub use trainable::Trainable;

@@ -27,6 +27,7 @@ use crate::nn::norm::GroupNorm;
 use crate::nn::params::ParamTable;
 use crate::nn::pool::{GlobalAvgPool, Pool2d, Reduce};
 use crate::nn::residual::Residual;
+use crate::nn::trainable::Trainable;
 use ndarray::{ArrayView1, ArrayView2, ArrayViewD, ArrayViewMut1, ArrayViewMut2, ArrayViewMutD, Dimension, IxDyn};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -252,6 +253,7 @@ pub struct Model {
     labels: Vec<u32>,
     ids: Vec<usize>,
     capacity: usize,
+    classes: usize,
 }
 
 impl Model {
@@ -293,6 +295,7 @@ impl Model {
             labels: Vec::new(),
             ids: Vec::new(),
             capacity: 0,
+            classes,
         };
         m.set_capacity(1);
         Ok(m)
@@ -416,6 +419,46 @@ impl Model {
             (ArrayView1::from(&self.params[..]), rows_of(&self.input, b, self.chain.input_shape().iter().product()));
         self.chain.backward(p, x, dlogits.view(), ArrayViewMut1::from(&mut self.grads[..]), None);
         stats
+    }
+}
+
+/// What `Run` needs of a model: the methods above.
+impl Trainable for Model {
+    fn table(&self) -> &ParamTable {
+        &self.table
+    }
+    fn params(&self) -> &[f32] {
+        &self.params
+    }
+    fn grads(&self) -> &[f32] {
+        &self.grads
+    }
+    fn buffers_mut(&mut self) -> (&ParamTable, &mut Vec<f32>, &mut Vec<f32>) {
+        (&self.table, &mut self.params, &mut self.grads)
+    }
+    fn sample_shape(&self) -> &[usize] {
+        self.chain.input_shape()
+    }
+    fn classes(&self) -> usize {
+        self.classes
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn set_capacity(&mut self, cap: usize) {
+        Model::set_capacity(self, cap)
+    }
+    fn input_mut(&mut self, b: usize) -> (ArrayViewMutD<'_, f32>, &mut [u32], &mut [usize]) {
+        Model::input_mut(self, b)
+    }
+    fn forward_backward(&mut self, b: usize, scale: f32, mode: Mode) -> LossStats {
+        Model::forward_backward(self, b, scale, mode)
+    }
+    fn forward(&mut self, b: usize, mode: Mode) -> LossStats {
+        Model::forward(self, b, mode)
+    }
+    fn logits(&self, b: usize) -> ArrayView2<'_, f32> {
+        Model::logits(self, b)
     }
 }
 
