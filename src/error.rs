@@ -44,6 +44,11 @@ pub enum Error {
     /// their shapes.
     #[error("the model has no parameter `{name}`; its parameters are {known}")]
     UnknownParam { name: String, known: String },
+    /// A model given to `Run::with_model` does not fit the run: `what` names the quantity
+    /// (`input size`, `classes`, `capacity`), `model` what the model has and `run` what the run
+    /// needs.
+    #[error("the model's {what} is {model}, but {run}: build the model for the run's data set and batch bounds")]
+    ModelMismatch { what: &'static str, model: String, run: String },
     /// The training loss became NaN or infinite: every later step would be wasted.
     #[error(
         "training diverged at iteration {iter}: the loss is {loss} at learning rate {lr}; lower `optimizer.lr`, \

@@ -24,8 +24,8 @@
 use crate::balance::Balancer;
 use crate::dist::comm::{broadcast_bytes, Communicator};
 use crate::error::{Error, Result};
-use crate::nn::model::Model;
 use crate::nn::params::ParamTable;
+use crate::nn::trainable::Trainable;
 use crate::train::metrics::EvalResult;
 use crate::train::optim::{Optimizer, OptimizerKind, OptimizerState};
 use crate::train::recipe::Recipe;
@@ -425,11 +425,11 @@ pub struct Resumed {
 /// checks that it was written for the same data, model, global batch, seed and optimizer kind as
 /// `recipe`, says which checkpoint it resumes from, and sends it to the others. An error on rank 0
 /// leaves the others blocked in a collective: end the job on error.
-pub fn resume(
+pub fn resume<M: Trainable + ?Sized>(
     path: &Path,
     comm: &dyn Communicator,
     recipe: &Recipe,
-    model: &mut Model,
+    model: &mut M,
     opt: &mut Optimizer,
 ) -> Result<Resumed> {
     let names: Vec<&str> = opt.buffers().iter().map(|b| b.0).collect();
@@ -437,7 +437,7 @@ pub fn resume(
     let loaded = if comm.rank() == 0 {
         let kind = opt.kind();
         let accept = |dir: &Path, state: &TrainingState| check_compatible(dir, state, recipe, kind);
-        let (c, skipped) = load_latest(path, &model.table, &names, accept)?;
+        let (c, skipped) = load_latest(path, model.table(), &names, accept)?;
         for e in &skipped {
             eprintln!("warning: skipping checkpoint {}: {e}", e_dir(e).display());
         }
@@ -458,12 +458,12 @@ pub fn resume(
     let (dir, state): (PathBuf, TrainingState) =
         serde_json::from_slice(&json).map_err(|e| Error::Comm(format!("receiving the checkpoint: {e}")))?;
     if let Some(c) = &loaded {
-        model.params.copy_from_slice(&c.params);
+        model.params_mut().copy_from_slice(&c.params);
         for ((_, dst), (_, src)) in opt.buffers_mut().into_iter().zip(&c.buffers) {
             dst.copy_from_slice(src);
         }
     }
-    comm.broadcast_into(0, &mut model.params);
+    comm.broadcast_into(0, model.params_mut());
     for (_, buf) in opt.buffers_mut() {
         comm.broadcast_into(0, buf);
     }

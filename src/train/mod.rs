@@ -38,6 +38,7 @@ use crate::dist::watchdog::Phase;
 use crate::error::{Error, Result};
 use crate::nn::layers::Mode;
 use crate::nn::model::Model;
+use crate::nn::trainable::Trainable;
 use crate::profile::CpuSampler;
 use crate::shard::{equal_split, slice_for, EpochPlan};
 use crate::train::aids::{check_slowdowns, stretch, Replay};
@@ -124,11 +125,14 @@ impl Resume {
 ///
 /// [`train`] is this loop with a stop at [`Run::total_iters`], a stop signal, checkpoints, the
 /// metrics file and the progress bar.
-pub struct Run<'a> {
+///
+/// The model is the recipe's ([`Run::new`]) or any [`Trainable`] of your own
+/// ([`Run::with_model`]); `examples/custom_model.rs` trains one under `mpirun` with LB-BSP.
+pub struct Run<'a, M: Trainable = Model> {
     recipe: &'a Recipe,
     data: &'a Splits,
     comm: &'a dyn Communicator,
-    model: Model,
+    model: M,
     opt: Optimizer,
     balancer: Balancer,
     sync: GradSync,
@@ -157,15 +161,76 @@ impl<'a> Run<'a> {
     /// Builds the model (rank 0's initial parameters on every rank), the optimizer and the
     /// balancer of `recipe`, or restores them from the checkpoint `opts.resume` names.
     pub fn new(recipe: &'a Recipe, data: &'a Splits, comm: &'a dyn Communicator, opts: &RunOptions) -> Result<Run<'a>> {
+        let seed = recipe.train.seed;
+        Run::start(recipe, data, comm, opts, || {
+            Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, seed)
+        })
+    }
+}
+
+impl<'a, M: Trainable> Run<'a, M> {
+    /// [`Run::new`] with your own model in place of the recipe's `[model]` section, which is then
+    /// ignored: everything else (data, optimizer, balancer, the distributed step, checkpoints) is
+    /// the recipe's. Rank 0's initial parameters become every rank's; a checkpoint that
+    /// `opts.resume` names must hold this model's tensors, by name and shape.
+    ///
+    /// A model that does not fit the run is an [`Error::ModelMismatch`] naming what differs: its
+    /// input size against the training set's samples, its classes against the data set's, its
+    /// capacity (after [`Trainable::set_capacity`]) against the largest slice a rank may get.
+    pub fn with_model(
+        model: M,
+        recipe: &'a Recipe,
+        data: &'a Splits,
+        comm: &'a dyn Communicator,
+        opts: &RunOptions,
+    ) -> Result<Run<'a, M>> {
+        Run::start(recipe, data, comm, opts, || {
+            let set = &data.train;
+            let (have, want) = (model.sample_shape(), &set.sample_shape);
+            if have.iter().product::<usize>() != want.iter().product::<usize>() {
+                return Err(Error::ModelMismatch {
+                    what: "input size",
+                    model: format!("{} values per sample (shape {have:?})", have.iter().product::<usize>()),
+                    run: format!("the training set's samples have {} (shape {want:?})", want.iter().product::<usize>()),
+                });
+            }
+            if model.classes() != set.classes {
+                return Err(Error::ModelMismatch {
+                    what: "class count",
+                    model: model.classes().to_string(),
+                    run: format!("the training set's labels range over {} classes", set.classes),
+                });
+            }
+            Ok(model)
+        })
+    }
+
+    /// Starts a run on the model `build` returns, called once the ranks are known to be launched
+    /// alike (so that a model that fails to build fails on every rank).
+    fn start(
+        recipe: &'a Recipe,
+        data: &'a Splits,
+        comm: &'a dyn Communicator,
+        opts: &RunOptions,
+        build: impl FnOnce() -> Result<M>,
+    ) -> Result<Run<'a, M>> {
         let (rank, world) = (comm.rank(), comm.world_size());
         let cfg = &recipe.train;
         comm.note(0, Phase::Start);
         let mut balancer = Balancer::new(&recipe.balance, cfg.global_batch, world)?;
         consistency::check(comm, recipe, data)?;
-        let mut model = Model::new(&recipe.model, &data.train.sample_shape, data.train.classes, cfg.seed)?;
-        model.set_capacity(balancer.bounds().iter().map(|b| b.1).max().unwrap_or(1).max(256));
-        comm.broadcast_into(0, &mut model.params);
-        let mut opt = Optimizer::new(&recipe.optimizer, model.params.len());
+        let mut model = build()?;
+        let largest_slice = balancer.bounds().iter().map(|b| b.1).max().unwrap_or(1);
+        model.set_capacity(largest_slice.max(256));
+        if model.capacity() < largest_slice {
+            return Err(Error::ModelMismatch {
+                what: "capacity",
+                model: format!("{} samples", model.capacity()),
+                run: format!("a rank's slice may hold up to {largest_slice} (the balancer's upper bound)"),
+            });
+        }
+        comm.broadcast_into(0, model.params_mut());
+        let mut opt = Optimizer::new(&recipe.optimizer, model.params().len());
         check_slowdowns(&recipe.runtime.slowdown, world)?;
         let resume = opts.resume.source(comm, opts.checkpoint_dir.as_deref())?;
         if let (Some(dir), None, 0) = (&opts.checkpoint_dir, &resume, rank) {
@@ -190,7 +255,7 @@ impl<'a> Run<'a> {
             recipe,
             data,
             comm,
-            sync: GradSync::new(model.params.len(), world),
+            sync: GradSync::new(model.params().len(), world),
             model,
             opt,
             balancer,
@@ -210,12 +275,12 @@ impl<'a> Run<'a> {
     }
 
     /// The model, with the parameters as of the last step (the same on every rank).
-    pub fn model(&self) -> &Model {
+    pub fn model(&self) -> &M {
         &self.model
     }
 
     /// The model, to change: what changes must change alike on every rank.
-    pub fn model_mut(&mut self) -> &mut Model {
+    pub fn model_mut(&mut self) -> &mut M {
         &mut self.model
     }
 
@@ -392,12 +457,13 @@ impl<'a> Run<'a> {
     /// all ranks: an allreduce's bytes, 1/world of the optimizer's work each (ZeRO stage 1). Fast
     /// ranks block until the slowest arrives: [`SyncTime`] splits wait from transfer.
     fn distributed_step(&mut self, mine: &RankStats, lr: f32) -> SyncTime {
-        let block = self.sync.reduce_scatter(self.comm, &mut self.model.grads, mine);
+        let (_, params, grads) = self.model.buffers_mut();
+        let block = self.sync.reduce_scatter(self.comm, grads, mine);
         if let Some(max_norm) = self.recipe.optimizer.clip_grad_norm {
-            self.sync.clip_grad_norm(self.comm, &mut self.model.grads[block.clone()], max_norm);
+            self.sync.clip_grad_norm(self.comm, &mut grads[block.clone()], max_norm);
         }
-        self.opt.step_block(&mut self.model.params, &self.model.grads, lr, block);
-        self.sync.all_gather(self.comm, &mut self.model.params)
+        self.opt.step_block(params, grads, lr, block);
+        self.sync.all_gather(self.comm, params)
     }
 
     /// The record of iteration `iter` from the gathered stats.
@@ -457,8 +523,8 @@ impl<'a> Run<'a> {
 
     fn write_checkpoint(&self, dir: &std::path::Path, keep: Option<usize>) -> Result<()> {
         let snap = Snapshot {
-            table: &self.model.table,
-            params: &self.model.params,
+            table: self.model.table(),
+            params: self.model.params(),
             optimizer: &self.opt,
             balancer: &self.balancer,
             progress: &self.progress,
@@ -694,7 +760,12 @@ impl Outputs {
 }
 
 /// Loss and accuracy on `test`, each rank taking a contiguous shard, reduced over ranks.
-pub fn evaluate(model: &mut Model, test: &Dataset, comm: &dyn Communicator, epoch: usize) -> EvalResult {
+pub fn evaluate<M: Trainable + ?Sized>(
+    model: &mut M,
+    test: &Dataset,
+    comm: &dyn Communicator,
+    epoch: usize,
+) -> EvalResult {
     let shard = slice_for(&equal_split(test.len(), comm.world_size()), comm.rank());
     let idx: Vec<usize> = shard.collect();
     let mode = Mode { train: false, seed: 0, epoch: epoch as u64 };
