@@ -29,3 +29,10 @@ for isa in "$@"; do
 done
 cargo build --release --locked --examples
 mpirun -n 2 ./target/release/examples/custom_loop
+# A model defined in the example's own code, trained by Run under LB-BSP, resumed bit for bit from its
+# checkpoint; its safetensors file read back in Python under the example's names.
+out="${TMPDIR:-/tmp}/lbbsp-custom-model-$$"
+mpirun -n 2 ./target/release/examples/custom_model --out "$out"
+python3 tests/python/read_safetensors.py "$out/custom_model.safetensors" \
+  hidden.weight=32,64 hidden.bias=32 out.weight=10,32 out.bias=10
+rm -rf "$out"

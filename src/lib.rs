@@ -41,8 +41,8 @@
 //! - the run: [`train::Run`] (whose [`train::Run::step`] is one iteration, advancing the run's
 //!   progress), [`train::train`], the [`Recipe`], [`Optimizer`], checkpoints
 //!   ([`train::checkpoint`]) and metrics ([`train::metrics`]);
-//! - models: [`nn`] (layers as forward/backward pairs, [`Model`]) and data: [`data`] (the manifest,
-//!   readers, [`Dataset`]);
+//! - models: [`nn`] (layers as forward/backward pairs, [`Model`], the [`nn::Trainable`] trait) and
+//!   data: [`data`] (the manifest, readers, [`Dataset`]);
 //! - kernels: [`kernels::gemm::gemm`] and the instruction-set tier ([`Isa`], [`IsaChoice`]); the
 //!   packing, dot-product and convolution tiles and the thread team are internal.
 //!
@@ -71,6 +71,29 @@
 //! println!("loss {:.3}, first row {}", stats.loss_sum / 32.0, logits.row(0));
 //! model.save_safetensors(std::env::temp_dir().join("lbbsp-doc.safetensors"))?; // loads by the same names
 //! # Ok::<(), lbbsp::Error>(())
+//! ```
+//!
+//! ## Your own model
+//!
+//! [`train::Run`] asks of its model only what [`nn::Trainable`] names: a [`nn::params::ParamTable`]
+//! over flat parameter and gradient buffers, input buffers for a batch, forward/backward with the
+//! `1/B` weight, forward for evaluation, and capacity. [`Model`] is one; a model of your own trains
+//! through [`train::Run::with_model`], data-parallel under `mpirun` with LB-BSP, and checkpoints
+//! under its own parameter names (`examples/custom_model.rs`: a two-layer perceptron in ndarray,
+//! resumed bit for bit and written as safetensors):
+//!
+//! ```no_run
+//! # use lbbsp::{nn::Trainable, train::{Run, RunOptions}, Solo};
+//! # fn go<M: Trainable>(my_model: M, data: &lbbsp::Splits) -> lbbsp::Result<()> {
+//! let recipe = lbbsp::train::recipe::resolve("digits-mlp", &["balance.policy=\"lbbsp\"".into()])?;
+//! let mut run = Run::with_model(my_model, &recipe, data, &Solo, &RunOptions::default())?;
+//! let plan = run.epoch_plan();
+//! run.step(plan.batch(0))?; // the recipe's data, optimizer and balancer; its [model] is ignored
+//! for (name, p) in run.model().params_named() {
+//!     println!("{name} {:?}", p.shape()); // your names, as ndarray views
+//! }
+//! # Ok(())
+//! # }
 //! ```
 
 pub mod balance;
