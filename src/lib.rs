@@ -116,6 +116,7 @@ pub use error::{Error, Result};
 pub use kernels::alloc::CacheAligned;
 pub use kernels::isa::{Isa, IsaChoice};
 pub use nn::model::Model;
+pub use nn::trainable::Trainable;
 pub use shard::{slice_for, EpochPlan};
 pub use train::checkpoint::{Checkpoint, Progress, TrainingState};
 pub use train::optim::{Optimizer, OptimizerConfig};
