@@ -6,7 +6,7 @@
 #
 #   scripts/bench_ab.sh BASE [ROUNDS]        e.g. scripts/bench_ab.sh 4e6a862 10
 #
-# A speed claim from it holds only for the host it names; run it with nothing else busy.
+# WORKLOADS="w2" times one of them. A speed claim from it holds only for the host it names; run it with nothing else busy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/bench_ab.sh BASE_REVISION [ROUNDS]}
@@ -32,7 +32,7 @@ speed() {  # BIN WORKLOAD -> samples/s
   "$work/lbbsp-$1" bench "$2" --iters "$iters" 2>/dev/null | sed -n 's/^RESULT .*samples_per_s=\([0-9.]*\).*/\1/p'
 }
 for r in $(seq 1 "$rounds"); do
-  for w in w1 w2; do
+  for w in ${WORKLOADS:-w1 w2}; do
     # This build, BASE, and BASE again (the A/A pair), in a random order.
     for who in $(printf '%s\n' new base base2 | shuf); do
       echo -e "$r\t$w\t$who\t$(speed "${who%2}" "$w")" >>"$out"
