@@ -184,10 +184,13 @@ fn column_sums(dy: &[f32], out: &mut [f32]) {
 /// A function applied to every element, and its derivative: what makes an element-wise layer.
 pub trait Activation: Send + Sync + 'static {
     const KIND: &'static str;
+    /// Whether `f'` is read from the forward pass's output `y` (else from its input `x`): the
+    /// backward pass then streams one of them, not both.
+    const FROM_OUTPUT: bool;
     /// `y = f(x)`.
     fn f(x: f32) -> f32;
-    /// `∂x = ∂y · f'(x)`, given the forward pass's `x` and `y` (whichever is cheaper to use).
-    fn df(dy: f32, x: f32, y: f32) -> f32;
+    /// `∂x = ∂y · f'(x)`, given `y` if [`Activation::FROM_OUTPUT`], else `x`.
+    fn df(dy: f32, v: f32) -> f32;
 }
 
 /// An element-wise layer, `B×D → B×D` with any per-sample shape: `y = f(x)`, `∂x = ∂y · f'(x)`.
@@ -217,10 +220,11 @@ pub struct Silu;
 
 impl Activation for Relu {
     const KIND: &'static str = "relu";
+    const FROM_OUTPUT: bool = true;
     fn f(x: f32) -> f32 {
         x.max(0.0)
     }
-    fn df(dy: f32, _x: f32, y: f32) -> f32 {
+    fn df(dy: f32, y: f32) -> f32 {
         if y > 0.0 {
             dy
         } else {
@@ -231,21 +235,23 @@ impl Activation for Relu {
 
 impl Activation for Tanh {
     const KIND: &'static str = "tanh";
+    const FROM_OUTPUT: bool = true;
     fn f(x: f32) -> f32 {
         x.tanh()
     }
-    fn df(dy: f32, _x: f32, y: f32) -> f32 {
+    fn df(dy: f32, y: f32) -> f32 {
         dy * (1.0 - y * y)
     }
 }
 
 impl Activation for Silu {
     const KIND: &'static str = "silu";
+    const FROM_OUTPUT: bool = false;
     fn f(x: f32) -> f32 {
         x * sigmoid(x)
     }
     /// `∂x = ∂y · σ(x)·(1 + x·(1 − σ(x)))`.
-    fn df(dy: f32, x: f32, _y: f32) -> f32 {
+    fn df(dy: f32, x: f32) -> f32 {
         let s = sigmoid(x);
         dy * s * (1.0 + x * (1.0 - s))
     }
@@ -272,11 +278,11 @@ impl<F: Activation> Layer for Elementwise<F> {
     fn backward(&mut self, _p: ArrayView1<f32>, io: Io, dy: ArrayView2<f32>, Grads { dx, .. }: Grads) {
         batch_back(F::KIND, &io, &dy, &dx);
         let Some(dx) = dx else { return };
-        let (x, y, dy, c) = (rows(io.x), rows(io.y), rows(dy), ELEMENTWISE_CHUNK);
+        let v = rows(if F::FROM_OUTPUT { io.y } else { io.x });
+        let (dy, c) = (rows(dy), ELEMENTWISE_CHUNK);
         team::zip_chunks_mut([rows_mut(dx)], c, &|i, [dx]| {
-            let fwd = x[i * c..].iter().zip(&y[i * c..]);
-            for ((dx, &dy), (&x, &y)) in dx.iter_mut().zip(&dy[i * c..]).zip(fwd) {
-                *dx = F::df(dy, x, y);
+            for ((dx, &dy), &v) in dx.iter_mut().zip(&dy[i * c..]).zip(&v[i * c..]) {
+                *dx = F::df(dy, v);
             }
         });
     }
