@@ -13,16 +13,7 @@ base=${1:?usage: scripts/bench_ab.sh BASE_REVISION [ROUNDS]}
 rounds=${2:-10}
 iters=${ITERS:-2000}
 work=target/bench-ab
-mkdir -p "$work"
-rev=$(git rev-parse --verify "$base^{commit}")
-if [ ! -d "$work/base" ]; then
-  git worktree add -f --detach "$work/base" "$rev" >/dev/null
-else
-  git -C "$work/base" checkout -q --detach "$rev"
-fi
-echo "bench_ab: building $rev and this checkout" >&2
-(cd "$work/base" && CARGO_TARGET_DIR=../target cargo build --release -q --bin lbbsp)
-cargo build --release -q --bin lbbsp
+scripts/build_base.sh "$base" "$work"
 cp "$work/target/release/lbbsp" "$work/lbbsp-base"
 cp target/release/lbbsp "$work/lbbsp-new"
 echo "bench_ab: host $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(grep -o 'avx512f\|avx2' /proc/cpuinfo | sort -u | xargs)" >&2

@@ -10,22 +10,14 @@
 #   digits-mlp, 3 ranks under mpirun, policy lbbsp with rank 1 slowed 3× from iteration 20 (200
 #     iterations). A balanced split follows the run's timings, so this checkout replays BASE's
 #     batch sizes (`balance.replay`) and must then give BASE's losses exactly.
-# BASE is built in a worktree under target/same-trajectory (its own target folder, reused).
+# BASE is built in a worktree under target/same-trajectory (its own target folder, reused) by
+# scripts/build_base.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/same_trajectory.sh BASE_REVISION}
 data=${LBBSP_DATA:-../shared/datasets}
 work=target/same-trajectory
-mkdir -p "$work"
-rev=$(git rev-parse --verify "$base^{commit}")
-if [ ! -d "$work/base" ]; then
-  git worktree add -f --detach "$work/base" "$rev" >/dev/null
-else
-  git -C "$work/base" checkout -q --detach "$rev"
-fi
-echo "same_trajectory: building $rev and this checkout" >&2
-(cd "$work/base" && CARGO_TARGET_DIR=../target cargo build --release -q --bin lbbsp)
-cargo build --release -q --bin lbbsp
+scripts/build_base.sh "$base" "$work"
 old=$work/target/release/lbbsp
 new=target/release/lbbsp
 mpi=(mpirun -n 3 --oversubscribe)
